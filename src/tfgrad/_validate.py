@@ -240,6 +240,10 @@ def shape_str(shape: Any) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
+_ALWAYS_ALLOWED = 64 << 20
+"""Allocations up to this size skip the available-memory check (TFGRAD_MAX_BYTES unset)."""
+
+
 def memory_limit_bytes() -> int:
     """Most bytes one op may allocate for its outputs.
 
@@ -280,6 +284,8 @@ def check_alloc(op_name: str, what: str, shape: Any, dtype: Any) -> tuple[int, .
         raise InvalidArgumentError(f"{op_name}: {what} of shape {shape_str(dims)} would need "
                                    "more bytes than fit in int64")
     nbytes = n * np.dtype(dtype).itemsize
+    if nbytes <= _ALWAYS_ALLOWED and not os.environ.get("TFGRAD_MAX_BYTES"):
+        return dims  # (reading /proc/meminfo costs more than a small op)
     limit = memory_limit_bytes()
     if nbytes > limit:
         raise ResourceLimitError(

@@ -74,51 +74,61 @@ def philox_blocks(counter: int, key: tuple[int, int], n: int) -> np.ndarray:
 
 @numba.njit(parallel=True, cache=True)
 def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
-    """out[b,i,j,:] = max over cell (i, j), starting at ``lowest``; NaN never wins."""
-    n, depth = x.shape[0], x.shape[3]
+    """out[b,i,j,:] = max over cell (i, j), starting at ``lowest``; NaN never wins.
+
+    Flat unsigned offsets: no negative-index fix-ups, so the depth loop vectorises."""
+    n, H, W, D = x.shape
     mr, mc = rs.size, cs.size
+    xf, of = x.reshape(-1), out.reshape(-1)
+    ud = np.uint64(D)
     for t in prange(n * mr):
         b = t // mr
         i = t - b * mr
         for j in range(mc):
-            for d in range(depth):
-                out[b, i, j, d] = lowest
+            ob = np.uint64((t * mc + j) * D)
+            for d in range(ud):
+                of[ob + d] = lowest
             for h in range(rs[i], re[i] + 1):
                 for w in range(cs[j], ce[j] + 1):
-                    for d in range(depth):
-                        v = x[b, h, w, d]
-                        a = out[b, i, j, d]
-                        out[b, i, j, d] = v if a < v else a
+                    xb = np.uint64(((b * H + h) * W + w) * D)
+                    for d in range(ud):
+                        v = xf[xb + d]
+                        a = of[ob + d]
+                        of[ob + d] = v if a < v else a
 
 
 @numba.njit(parallel=True, cache=True)
 def _avg_pool(x, rs, re, cs, ce, counts, is_int, out):  # pragma: no cover - compiled
     """out[b,i,j,:] = (sum in T over cell, row-major) / count in T (``counts``, as TF
     counts in T); integer division truncates toward zero."""
-    n, depth = x.shape[0], x.shape[3]
+    n, H, W, D = x.shape
     mr, mc = rs.size, cs.size
+    xf, of = x.reshape(-1), out.reshape(-1)
+    ud = np.uint64(D)
     for t in prange(n * mr):
         b = t // mr
         i = t - b * mr
         for j in range(mc):
-            for d in range(depth):
-                out[b, i, j, d] = 0
+            ob = np.uint64((t * mc + j) * D)
+            for d in range(ud):
+                of[ob + d] = 0
             for h in range(rs[i], re[i] + 1):
                 for w in range(cs[j], ce[j] + 1):
-                    for d in range(depth):
+                    xb = np.uint64(((b * H + h) * W + w) * D)
+                    for d in range(ud):
                         # Stored back into T after each add: float32 sums round, ints wrap.
-                        out[b, i, j, d] = out[b, i, j, d] + x[b, h, w, d]
+                        of[ob + d] = of[ob + d] + xf[xb + d]
             count = counts[i, j]
             if is_int:
-                for d in range(depth):
-                    s = out[b, i, j, d]
+                for d in range(ud):
+                    s = of[ob + d]
                     q = s // count
                     if s < 0 and q * count != s:
                         q += 1
-                    out[b, i, j, d] = q
+                    of[ob + d] = q
             else:
-                for d in range(depth):
-                    out[b, i, j, d] = out[b, i, j, d] / count
+                for d in range(ud):
+                    of[ob + d] = of[ob + d] / count
 
 
 @numba.njit(inline="always")
