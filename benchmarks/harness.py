@@ -120,6 +120,28 @@ def run_bench(b: Bench, *, smoke: bool = False, seed: int = 0) -> dict[str, Any]
     return row
 
 
+def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per benchmark from several rounds of the whole suite: the median of each
+    time, ratios of those medians, and the range of each round's own ratio (on a shared
+    VM one round can be 30% off; the spread shows how far)."""
+    merged = []
+    for rows in zip(*rounds):
+        row: dict[str, Any] = {"op": rows[0]["op"], "case": rows[0]["case"],
+                               "rounds": len(rows)}
+        for k in ("tfgrad_ms", "tf_ms", "torch_ms", "floor_ms"):
+            if k in rows[0]:
+                row[k] = statistics.median(r[k] for r in rows)
+        for k, num, den in (("speedup_vs_tf", "tf_ms", "tfgrad_ms"),
+                            ("speedup_vs_torch", "torch_ms", "tfgrad_ms"),
+                            ("x_floor", "tfgrad_ms", "floor_ms")):
+            if num in row:
+                row[k] = row[num] / row[den]
+                each = [r[num] / r[den] for r in rows]
+                row[k + "_range"] = [min(each), max(each)]
+        merged.append(row)
+    return merged
+
+
 def environment() -> dict[str, Any]:
     import numba
 
@@ -162,6 +184,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             ("tf_ms", "TF ms", "{:.3f}"), ("speedup_vs_tf", "vs TF", "{:.2f}x"),
             ("torch_ms", "torch ms", "{:.3f}"), ("speedup_vs_torch", "vs torch", "{:.2f}x"),
             ("floor_ms", "floor ms", "{:.3f}"), ("x_floor", "x floor", "{:.2f}")]
+    if rows and "speedup_vs_tf_range" in rows[0]:  # merged rounds: add each ratio's range
+        cols.insert(5, ("speedup_vs_tf_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
+        cols.insert(8, ("speedup_vs_torch_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
+        cols.append(("x_floor_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
     table = [[title for _, title, _ in cols]]
     for r in rows:
         table.append([fmt.format(r[k]) if k in r else "-" for k, _, fmt in cols])

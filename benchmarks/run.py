@@ -1,6 +1,9 @@
-"""Run the benchmarks: ``python benchmarks/run.py [--smoke] [--family NAME] [--json FILE]``.
+"""Run the benchmarks: ``python benchmarks/run.py [--smoke] [--family NAME] [--rounds K]
+[--json FILE]``.
 
 --smoke runs every benchmark once on tiny shapes (CI does this to keep them working).
+--rounds K runs the whole selection K times over and reports medians with each ratio's
+range (a shared VM drifts by 30% within minutes; rounds spread that over every row).
 """
 
 from __future__ import annotations
@@ -35,15 +38,21 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes, one quick run each")
     p.add_argument("--family", action="append", choices=FAMILIES)
     p.add_argument("--op", help="only benchmarks of this op")
+    p.add_argument("--rounds", type=int, default=1, help="run everything K times; medians")
     p.add_argument("--json", help="also write the results as JSON")
     args = p.parse_args(argv)
     benches = load(args.family or FAMILIES)
     if args.op:
         benches = [b for b in benches if b.name == args.op]
-    rows = []
-    for b in benches:
-        rows.append(harness.run_bench(b, smoke=args.smoke))
-        print(f"  {b.name} {b.shape}: {rows[-1]['tfgrad_ms']:.3f} ms", file=sys.stderr)
+    rounds = []
+    for k in range(max(1, args.rounds)):
+        rows = []
+        for b in benches:
+            rows.append(harness.run_bench(b, smoke=args.smoke))
+            print(f"  [{k + 1}] {b.name} {b.shape}: {rows[-1]['tfgrad_ms']:.3f} ms",
+                  file=sys.stderr)
+        rounds.append(rows)
+    rows = rounds[0] if len(rounds) == 1 else harness.merge_rounds(rounds)
     print(harness.report(rows, harness.environment(), args.json))
     return 0
 

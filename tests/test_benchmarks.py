@@ -20,3 +20,19 @@ def test_benchmark_smoke(tmp_path):
     data = json.loads(out.read_text())
     for row in data["results"]:
         assert row["tfgrad_ms"] > 0 and row["floor_ms"] > 0
+
+
+def test_rounds_are_merged_into_medians_and_ranges():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rounds = [[{"op": "A", "case": "c", "tfgrad_ms": t, "tf_ms": f, "floor_ms": 1.0}]
+              for t, f in ((1.0, 3.0), (2.0, 3.0), (4.0, 6.0))]
+    (row,) = harness.merge_rounds(rounds)
+    assert row["tfgrad_ms"] == 2.0 and row["tf_ms"] == 3.0 and row["rounds"] == 3
+    assert row["speedup_vs_tf"] == 1.5  # the ratio of the medians
+    assert row["speedup_vs_tf_range"] == [1.5, 3.0]  # each round's own ratio
+    assert row["x_floor_range"] == [1.0, 4.0] and "speedup_vs_torch" not in row
+    assert "range" in harness.format_table([row])
