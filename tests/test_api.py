@@ -189,3 +189,26 @@ def test_type_stubs_are_current():
     r = subprocess.run([sys.executable, str(root / "tools/make_stubs.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_check_alloc_reads_available_memory_only_for_large_allocations(monkeypatch):
+    calls = []
+
+    def tiny_limit() -> int:
+        calls.append(1)
+        return 1 << 20
+
+    monkeypatch.delenv("TFGRAD_MAX_BYTES", raising=False)
+    monkeypatch.setattr(_validate, "memory_limit_bytes", tiny_limit)
+    # Small: no /proc/meminfo read on every op call (it cost ~0.1 ms per output).
+    assert _validate.check_alloc("Op", "output", (1024, 1024), np.float32) == (1024, 1024)
+    assert calls == []
+    # Large: checked against the available memory.
+    with pytest.raises(tfgrad.ResourceLimitError, match="more than"):
+        _validate.check_alloc("Op", "output", (8192, 4096), np.float32)
+    assert calls == [1]
+    # TFGRAD_MAX_BYTES applies to every size.
+    monkeypatch.undo()
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", "1024")
+    with pytest.raises(tfgrad.ResourceLimitError):
+        _validate.check_alloc("Op", "output", (1024,), np.float32)
