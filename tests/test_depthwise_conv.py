@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
+from tfgrad.kernels import depthwise_conv as K
 from tfgrad.ops.depthwise_conv import window
 
 raw = tfgrad.raw_ops
@@ -81,6 +82,19 @@ def test_backprops_are_exact_adjoints(prob, seed):
     assert abs(float(np.vdot(dw, w)) - lhs) <= 1e-12 * scale
 
 
+def _kernel_equals_reference(x, w, g, attrs, what):  # type: ignore[no-untyped-def]
+    """All three ops, kernel against the NumPy reference, bit for bit."""
+    calls = [(FWD, {"input": x, "filter": w}),
+             (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w, "out_backprop": g}),
+             (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g})]
+    for fn, kw in calls:
+        with tfgrad.use_impl("kernel"):
+            a = fn(**kw, **attrs)
+        with tfgrad.use_impl("reference"):
+            b = fn(**kw, **attrs)
+        oracle.assert_same(a, b, what=f"{fn.__name__} {what}")
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_hw=7), st.sampled_from(["float32", "float64", "float16", "bfloat16"]),
        st.integers(0, 2**32 - 1))
@@ -88,16 +102,46 @@ def test_kernel_equals_reference(prob, dtype, seed):
     xs, ws, gs, attrs = prob
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     x, w, g = _arrays(np.random.default_rng(seed), xs, ws, gs, dt)
-    calls = [(FWD, {"input": x, "filter": w}),
-             (BI, {"input_sizes": np.array(xs, np.int32), "filter": w, "out_backprop": g}),
-             (BF, {"input": x, "filter_sizes": np.array(ws, np.int32), "out_backprop": g})]
-    for fn, kw in calls:
-        with tfgrad.use_impl("kernel"):
-            a = fn(**kw, **attrs)
-        with tfgrad.use_impl("reference"):
-            b = fn(**kw, **attrs)
-        oracle.assert_same(a, b, what=f"{fn.__name__} {dtype} {attrs}")
+    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {attrs}")
 
+
+
+@st.composite
+def blocked_problems(draw):  # type: ignore[no-untyped-def]
+    """Problems for the register-blocked kernels: their filter sizes, lane counts that
+    leave a partial vector, rows wide enough for 4-pixel blocks beside border pixels."""
+    f = draw(st.sampled_from(sorted({k[0] for k in K._VEC_SIZES})))
+    C, M = draw(st.integers(1, 40)), draw(st.sampled_from([1, 1, 2, 3]))
+    s, d = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+    pads = [draw(st.integers(0, 4)) for _ in range(4)]
+    H = draw(st.integers((f - 1) * d + 1, (f - 1) * d + 6))
+    W = draw(st.integers((f - 1) * d + 1, (f - 1) * d + 24))
+    attrs: dict = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
+    if padding == "EXPLICIT":
+        attrs["explicit_paddings"] = [0, 0, *pads, 0, 0]
+    return (draw(st.integers(1, 2)), H, W, C), (f, f, C, M), attrs
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocked_problems(), st.sampled_from(["float32", "float64"]), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_register_blocked_kernels_equal_reference(prob, dtype, special, seed):
+    """The register-blocked forward / BackpropInput (filter sizes in _VEC_SIZES) against
+    the NumPy reference, bit for bit, with inf / NaN / -0 sprinkled in when `special`."""
+    xs, ws, attrs = prob
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    if special:
+        for a in (x, w):
+            idx = rng.integers(0, a.size, 3)
+            a.flat[idx] = rng.choice([np.inf, -np.inf, np.nan, -0.0], 3)
+    y = FWD(input=x, filter=w, **attrs)
+    g = rng.standard_normal(y.shape).astype(dtype)
+    if special:
+        g.flat[rng.integers(0, g.size, 2)] = rng.choice([np.inf, np.nan, -0.0], 2)
+    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs}")
 
 def test_finite_difference_gradients():
     """BackpropInput / BackpropFilter are the gradients of sum(g * forward) (float64)."""

@@ -20,6 +20,15 @@ terms. No im2col buffer and no pass over a whole tensor per tap:
   positions in row-major order, 4 positions at a time; the per-image sums are then
   added in batch order.
 
+Filter sizes 1x1, 2x2, 3x3, 5x5 and 7x7 in float32 / float64 take register-blocked
+kernels instead (compiled per filter size, so the taps unroll): four output pixels' lane
+vectors (``_simd``: 16 float32 / 8 float64 lanes) stay in registers across all taps, the
+stride-1 forward slides its input columns through registers, and the next row's input is
+prefetched (without it a single thread stalls on memory for a third of its time). The
+BackpropFilter one holds a filter row's tap accumulators in registers over an output row;
+it serves strides, dilations and multipliers, where it measured faster than the run
+kernel. Each element's arithmetic is the same as in the kernels above.
+
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
 do; the results are then exactly representable in T.
@@ -44,6 +53,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
+
+from ._simd import nlanes, prefetch, vload, vmuladd, vstore, vzeros
 
 if TYPE_CHECKING:
     from ..ops.depthwise_conv import Geometry
@@ -598,6 +609,404 @@ def _sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
         tf[e] = s
 
 
+# ---------------------------------------------------------------------------------------
+# Register-blocked kernels (float32 / float64, filter sizes in _VEC_SIZES): the filter
+# size is a compile-time constant, the taps are unrolled, and four output pixels' lane
+# vectors stay in registers across all taps (see ``_simd``). Same order per element as
+# the kernels above; the pixels whose taps fall partly outside take them one by one.
+
+_VEC_SIZES = frozenset({(1, 1), (2, 2), (3, 3), (5, 5), (7, 7)})  # (fw <= 7)
+_VEC_KERNELS: dict[tuple[str, int, int], object] = {}
+_P = 4  # output pixels per register block
+
+
+@njit(inline="always")
+def _expand_row(xf, s0, W, C, M, ring, d0):  # type: ignore[no-untyped-def]
+    """ring[d0 + jj*C*M + k*M + q] = xf[s0 + jj*C + k]: each channel repeated M times."""
+    for jj in range(W):
+        for k in range(C):
+            v = xf[s0 + jj * C + k]
+            for q in range(M):
+                ring[d0 + (jj * C + k) * M + q] = v
+
+
+@njit(inline="always")
+def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P):  # type: ignore[no-untyped-def]  # noqa: E501
+    """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside: pixel p's
+    tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]."""
+    for ch in range(0, CV, NL):
+        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        for r in range(FH):
+            b = rowoff[r] + a0 + ch
+            for c in range(FW):
+                wv = vload(wf, (r * FW + c) * CM + ch)
+                a = b + c * ts
+                v0 = vmuladd(v0, vload(src, a), wv)
+                if P > 1:
+                    v1 = vmuladd(v1, vload(src, a + ps), wv)
+                    v2 = vmuladd(v2, vload(src, a + 2 * ps), wv)
+                    v3 = vmuladd(v3, vload(src, a + 3 * ps), wv)
+        vstore(of, o + ch, v0)
+        if P > 1:
+            vstore(of, o + CM + ch, v1)
+            vstore(of, o + 2 * CM + ch, v2)
+            vstore(of, o + 3 * CM + ch, v3)
+
+
+@njit(inline="always")
+def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW):  # type: ignore[no-untyped-def]  # noqa: E501
+    """_fwd_block for 4 pixels at stride 1, dilation 1: the 4 pixels' inputs for tap c
+    are columns c..c+3, held in registers that slide by one column per tap, so each
+    input vector is loaded once per filter row instead of up to 4 times."""
+    for ch in range(0, CV, NL):
+        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        for r in range(FH):
+            b = rowoff[r] + a0 + ch
+            x0, x1 = vload(src, b), vload(src, b + CM)
+            x2, x3 = vload(src, b + 2 * CM), vload(src, b + 3 * CM)
+            for c in range(FW):
+                wv = vload(wf, (r * FW + c) * CM + ch)
+                v0 = vmuladd(v0, x0, wv)
+                v1 = vmuladd(v1, x1, wv)
+                v2 = vmuladd(v2, x2, wv)
+                v3 = vmuladd(v3, x3, wv)
+                if c + 1 < FW:
+                    x0, x1, x2 = x1, x2, x3
+                    x3 = vload(src, b + (c + 4) * CM)
+        vstore(of, o + ch, v0)
+        vstore(of, o + CM + ch, v1)
+        vstore(of, o + 2 * CM + ch, v2)
+        vstore(of, o + 3 * CM + ch, v3)
+
+
+def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+    @njit(nogil=True, cache=True)
+    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
+        """One task per output row. Rows of x are used in place (M = 1) or expanded
+        into a ring of the FH-row span (channels repeated M times) so that every tap's
+        lanes are contiguous."""
+        N, H, W, C = x.shape
+        oh, ow, CM = out.shape[1], out.shape[2], out.shape[3]
+        M = CM // C
+        NL = nlanes(x)
+        CV = CM - CM % NL
+        WC = W * CM
+        xf, wf, of = x.reshape(x.size), w.reshape(w.size), out.reshape(out.size)
+        zero = np.zeros(1, x.dtype)[0]
+        R = (FH - 1) * dh + 1 if M > 1 else 0
+        ring = np.empty(R * WC, x.dtype)
+        tags = np.full(R, -1, np.int64)
+        src = xf if M == 1 else ring
+        rowoff = np.zeros(FH, np.int64)
+        rowok = np.zeros(FH, np.bool_)
+        J0 = min(ow, (pl + sw - 1) // sw)  # columns whose taps all fall inside
+        J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
+        for t in range(t0, t1):
+            n, i = t // oh, t % oh
+            allok = True
+            for r in range(FH):
+                ii = i * sh - pt + r * dh
+                rowok[r] = 0 <= ii < H
+                if not rowok[r]:
+                    allok = False
+                elif M == 1:
+                    rowoff[r] = (n * H + ii) * WC
+                else:
+                    s = ii % R
+                    if tags[s] != n * H + ii:
+                        _expand_row(xf, (n * H + ii) * W * C, W, C, M, ring, s * WC)
+                        tags[s] = n * H + ii
+                    rowoff[r] = s * WC
+            ob = (n * oh + i) * ow * CM
+            j = 0
+            while j < ow:
+                if allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
+                    a0, o = (j * sw - pl) * CM, ob + j * CM
+                    j1 = j + _P if j + _P <= J1 else j + 1
+                    if M == 1:  # the next output row's new input rows, these columns
+                        for k in range(1, min(sh, 2) + 1):  # (strides can be huge)
+                            pa = rowoff[FH - 1] + k * WC + a0
+                            for e in range(0, (j1 - j) * sw * CM, 16):
+                                prefetch(xf, pa + e)
+                    if j1 == j + 1:
+                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0, dw * CM, 1)
+                    elif sw == 1 and dw == 1:
+                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW)
+                    else:
+                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, sw * CM,
+                                   dw * CM, _P)
+                else:  # one pixel; taps in the padding compute 0 * w
+                    for ch in range(0, CV, NL):
+                        v = vzeros(x)
+                        for r in range(FH):
+                            for c in range(FW):
+                                jj = j * sw - pl + c * dw
+                                wv = vload(wf, (r * FW + c) * CM + ch)
+                                if rowok[r] and 0 <= jj < W:
+                                    v = vmuladd(v, vload(src, rowoff[r] + jj * CM + ch), wv)
+                                else:
+                                    v = vmuladd(v, vzeros(x), wv)
+                        vstore(of, ob + j * CM + ch, v)
+                    j1 = j + 1
+                for jp in range(j, j1):  # lanes past the last full vector
+                    for ch in range(CV, CM):
+                        s_ = zero
+                        for r in range(FH):
+                            for c in range(FW):
+                                jj = jp * sw - pl + c * dw
+                                xv = zero
+                                if rowok[r] and 0 <= jj < W:
+                                    xv = src[rowoff[r] + jj * CM + ch]
+                                s_ = s_ + xv * wf[(r * FW + c) * CM + ch]
+                        of[ob + jp * CM + ch] = s_
+                j = j1
+
+    return kernel
+
+
+def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+    @njit(nogil=True, cache=True)
+    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, t0, t1):  # type: ignore[no-untyped-def]
+        """BackpropInput for a finite filter (a tap that meets no out_backprop value adds
+        w * 0 = +-0 to an accumulator that is never -0: skipped). One task per input
+        row; its pixels are taken by phase modulo the stride, four of one phase (which
+        meet the same taps, at consecutive out_backprop columns) at a time. Then the
+        multiplier reduction in TF's packet order (plane lanes)."""
+        N, H, W, C = out.shape
+        oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
+        M = CM // C
+        NL = nlanes(w)
+        CV = CM - CM % NL
+        gf, wf, of = g.reshape(g.size), w.reshape(w.size), out.reshape(out.size)
+        zero = np.zeros(1, w.dtype)[0]
+        per = np.empty(W * CM if M > 1 else 0, w.dtype)
+        dst = of if M == 1 else per
+        rowoff = np.zeros(FH, np.int64)
+        rowok = np.zeros(FH, np.bool_)
+        tapb = np.zeros(FW, np.int64)
+        taphit = np.zeros(FW, np.bool_)
+        nvec = M // plane * plane
+        for t in range(t0, t1):
+            n, ii = t // H, t % H
+            for r in range(FH):
+                pr = ii + pt - r * dh
+                oi = pr // sh
+                rowok[r] = pr - oi * sh == 0 and 0 <= oi < oh
+                rowoff[r] = (n * oh + oi) * ow * CM
+            db = (n * H + ii) * W * CM if M == 1 else 0
+            for ph in range(min(sw, W)):
+                Up = (W - ph + sw - 1) // sw  # pixels jj = ph + u*sw
+                U0, U1 = 0, Up  # where every tap of this phase meets a column
+                for c in range(FW):
+                    q = ph + pl - c * dw
+                    tapb[c] = q // sw  # pixel u meets column tapb[c] + u
+                    taphit[c] = q - tapb[c] * sw == 0
+                    if taphit[c]:
+                        U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
+                u = 0
+                while u < Up:
+                    if U0 <= u and u + _P <= U1:
+                        if rowok[0]:  # the next input row's new out_backprop row
+                            pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
+                            for e in range(0, _P * CM, 16):
+                                prefetch(gf, pa + e)
+                        for ch in range(0, CV, NL):
+                            v0, v1, v2, v3 = vzeros(w), vzeros(w), vzeros(w), vzeros(w)
+                            for r in range(FH):
+                                if not rowok[r]:
+                                    continue
+                                for c in range(FW):
+                                    if not taphit[c]:
+                                        continue
+                                    wv = vload(wf, (r * FW + c) * CM + ch)
+                                    a = rowoff[r] + (tapb[c] + u) * CM + ch
+                                    v0 = vmuladd(v0, wv, vload(gf, a))
+                                    v1 = vmuladd(v1, wv, vload(gf, a + CM))
+                                    v2 = vmuladd(v2, wv, vload(gf, a + 2 * CM))
+                                    v3 = vmuladd(v3, wv, vload(gf, a + 3 * CM))
+                            o = db + (ph + u * sw) * CM + ch
+                            vstore(dst, o, v0)
+                            vstore(dst, o + sw * CM, v1)
+                            vstore(dst, o + 2 * sw * CM, v2)
+                            vstore(dst, o + 3 * sw * CM, v3)
+                        u1 = u + _P
+                    else:
+                        for ch in range(0, CV, NL):
+                            v = vzeros(w)
+                            for r in range(FH):
+                                if not rowok[r]:
+                                    continue
+                                for c in range(FW):
+                                    oj = tapb[c] + u
+                                    if taphit[c] and 0 <= oj < ow:
+                                        v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
+                                                    vload(gf, rowoff[r] + oj * CM + ch))
+                            vstore(dst, db + (ph + u * sw) * CM + ch, v)
+                        u1 = u + 1
+                    for up in range(u, u1):  # lanes past the last full vector
+                        for ch in range(CV, CM):
+                            s_ = zero
+                            for r in range(FH):
+                                if not rowok[r]:
+                                    continue
+                                for c in range(FW):
+                                    oj = tapb[c] + up
+                                    if taphit[c] and 0 <= oj < ow:
+                                        wv_ = wf[(r * FW + c) * CM + ch]
+                                        s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
+                            dst[db + (ph + up * sw) * CM + ch] = s_
+                    u = u1
+            if M > 1:  # reduce over the multiplier: packets of `plane`, then the rest
+                o0 = (n * H + ii) * W * C
+                for jj in range(W):
+                    for k in range(C):
+                        s_ = zero
+                        base = jj * CM + k * M
+                        for q0 in range(0, nvec, plane):
+                            s_ = s_ + _hsum(per, base + q0, plane)
+                        for q in range(nvec, M):
+                            s_ = s_ + per[base + q]
+                        of[o0 + jj * C + k] = s_
+
+    return kernel
+
+
+@njit(inline="always")
+def _tap_x(src, ok, jj, W, i, like):  # type: ignore[no-untyped-def]
+    """src's lanes at i when the tap's pixel (row ok, column jj) is inside, else +0."""
+    if ok and 0 <= jj < W:
+        return vload(src, i)
+    return vzeros(like)
+
+
+def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+    @njit(nogil=True, cache=True)
+    def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
+        """bufs[n] = image n's filter gradient, one task per image: for each output row
+        and filter row, the FW taps' accumulators of one lane vector stay in registers
+        over the row's output columns (taken in order; padding taps add g * 0)."""
+        N, H, W, C = x.shape
+        oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
+        M = CM // C
+        NL = nlanes(x)
+        CV = CM - CM % NL
+        WC = W * CM
+        xf, gf = x.reshape(x.size), g.reshape(g.size)
+        zero = np.zeros(1, x.dtype)[0]
+        R = (FH - 1) * dh + 1 if M > 1 else 0
+        ring = np.empty(R * WC, x.dtype)
+        tags = np.full(R, -1, np.int64)
+        src = xf if M == 1 else ring
+        J0 = min(ow, (pl + sw - 1) // sw)  # columns whose taps all fall inside
+        J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
+        tc = dw * CM
+        for n in range(t0, t1):
+            bf = bufs[n].reshape(FH * FW * CM)
+            bf[:] = zero
+            for i in range(oh):
+                go = (n * oh + i) * ow * CM
+                for r in range(FH):
+                    ii = i * sh - pt + r * dh
+                    ok = 0 <= ii < H
+                    ro = 0
+                    if ok and M == 1:
+                        ro = (n * H + ii) * WC
+                    elif ok:
+                        s = ii % R
+                        if tags[s] != n * H + ii:
+                            _expand_row(xf, (n * H + ii) * W * C, W, C, M, ring, s * WC)
+                            tags[s] = n * H + ii
+                        ro = s * WC
+                    b = r * FW * CM
+                    for ch in range(0, CV, NL):
+                        z = vzeros(x)
+                        a0 = vload(bf, b + ch)
+                        a1 = vload(bf, b + CM + ch) if FW > 1 else z
+                        a2 = vload(bf, b + 2 * CM + ch) if FW > 2 else z
+                        a3 = vload(bf, b + 3 * CM + ch) if FW > 3 else z
+                        a4 = vload(bf, b + 4 * CM + ch) if FW > 4 else z
+                        a5 = vload(bf, b + 5 * CM + ch) if FW > 5 else z
+                        a6 = vload(bf, b + 6 * CM + ch) if FW > 6 else z
+                        for j in range(ow):
+                            gv = vload(gf, go + j * CM + ch)
+                            xi = ro + (j * sw - pl) * CM + ch
+                            if ok and J0 <= j < J1:
+                                a0 = vmuladd(a0, gv, vload(src, xi))
+                                if FW > 1:
+                                    a1 = vmuladd(a1, gv, vload(src, xi + tc))
+                                if FW > 2:
+                                    a2 = vmuladd(a2, gv, vload(src, xi + 2 * tc))
+                                if FW > 3:
+                                    a3 = vmuladd(a3, gv, vload(src, xi + 3 * tc))
+                                if FW > 4:
+                                    a4 = vmuladd(a4, gv, vload(src, xi + 4 * tc))
+                                if FW > 5:
+                                    a5 = vmuladd(a5, gv, vload(src, xi + 5 * tc))
+                                if FW > 6:
+                                    a6 = vmuladd(a6, gv, vload(src, xi + 6 * tc))
+                            else:
+                                j0 = j * sw - pl
+                                a0 = vmuladd(a0, gv, _tap_x(src, ok, j0, W, xi, x))
+                                if FW > 1:
+                                    a1 = vmuladd(a1, gv, _tap_x(src, ok, j0 + dw, W,
+                                                                xi + tc, x))
+                                if FW > 2:
+                                    a2 = vmuladd(a2, gv, _tap_x(src, ok, j0 + 2 * dw, W,
+                                                                xi + 2 * tc, x))
+                                if FW > 3:
+                                    a3 = vmuladd(a3, gv, _tap_x(src, ok, j0 + 3 * dw, W,
+                                                                xi + 3 * tc, x))
+                                if FW > 4:
+                                    a4 = vmuladd(a4, gv, _tap_x(src, ok, j0 + 4 * dw, W,
+                                                                xi + 4 * tc, x))
+                                if FW > 5:
+                                    a5 = vmuladd(a5, gv, _tap_x(src, ok, j0 + 5 * dw, W,
+                                                                xi + 5 * tc, x))
+                                if FW > 6:
+                                    a6 = vmuladd(a6, gv, _tap_x(src, ok, j0 + 6 * dw, W,
+                                                                xi + 6 * tc, x))
+                        vstore(bf, b + ch, a0)
+                        if FW > 1:
+                            vstore(bf, b + CM + ch, a1)
+                        if FW > 2:
+                            vstore(bf, b + 2 * CM + ch, a2)
+                        if FW > 3:
+                            vstore(bf, b + 3 * CM + ch, a3)
+                        if FW > 4:
+                            vstore(bf, b + 4 * CM + ch, a4)
+                        if FW > 5:
+                            vstore(bf, b + 5 * CM + ch, a5)
+                        if FW > 6:
+                            vstore(bf, b + 6 * CM + ch, a6)
+                    for c in range(FW):  # lanes past the last full vector
+                        for ch in range(CV, CM):
+                            s_ = bf[b + c * CM + ch]
+                            for j in range(ow):
+                                jj = j * sw - pl + c * dw
+                                xv = zero
+                                if ok and 0 <= jj < W:
+                                    xv = src[ro + jj * CM + ch]
+                                s_ = s_ + gf[go + j * CM + ch] * xv
+                            bf[b + c * CM + ch] = s_
+
+    return kernel
+
+
+_FACTORIES = {"forward": _make_forward_vec, "backprop_input": _make_backprop_input_vec,
+              "backprop_filter": _make_backprop_filter_vec}
+
+
+def _vec_kernel(kind: str, fh: int, fw: int, mode: int):  # type: ignore[no-untyped-def]
+    """The register-blocked kernel for this filter size, or None where there is none
+    (other sizes, and the half types, which round after every step)."""
+    if mode != NONE or (fh, fw) not in _VEC_SIZES:
+        return None
+    key = (kind, fh, fw)
+    if key not in _VEC_KERNELS:
+        _VEC_KERNELS[key] = _FACTORIES[kind](fh, fw)
+    return _VEC_KERNELS[key]
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
 
@@ -684,7 +1093,10 @@ def _weight_tile(w: np.ndarray, ow: int) -> np.ndarray:
 def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     (x, w), dt, mode = _prepare(x, w)
     out = np.empty((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt))
-    if out.size:
+    vec = _vec_kernel("forward", geo.fh, geo.fw, mode)
+    if out.size and vec is not None:
+        _run(vec, geo.N * geo.oh, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
+    elif out.size:
         _run(_forward, geo.N * geo.oh, x, w, _weight_tile(w, geo.ow), out, geo.sh, geo.sw,
              geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
     return out.astype(dt, copy=False)
@@ -699,7 +1111,11 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
         return np.zeros(out.shape, dt)
     lanes = 4 if dt == _F64 else 8
     args = (geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, lanes)
-    if np.isfinite(w).all():
+    vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode)
+    finite = bool(np.isfinite(w).all())
+    if finite and vec is not None:
+        _run(vec, geo.N * geo.H, w, g, out, *args[:6], lanes)
+    elif finite:
         _run(_backprop_input_finite, geo.N * geo.H, w, _weight_tile(w, geo.ow), g, out, *args,
              _group(mode))
     else:  # the taps that miss compute w * 0, NaN for an inf filter value
@@ -716,7 +1132,11 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
         return total.astype(dt, copy=False)  # (TF returns uninitialised memory for these)
     threads = numba.get_num_threads()
     bufs = np.empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
-    if geo.dw == 1 and geo.N >= threads:  # one task per image, filter rows as runs
+    vec = _vec_kernel("backprop_filter", geo.fh, geo.fw, mode)
+    runs = geo.dw == 1 and geo.sw == 1 and geo.M == 1  # long contiguous runs: measured faster
+    if vec is not None and geo.N >= threads and not runs:
+        _run(vec, geo.N, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
+    elif geo.dw == 1 and geo.N >= threads:  # one task per image, filter rows as runs
         _run(_backprop_filter_rows, geo.N, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.pt, geo.pl,
              mode, _group(mode))
     else:

@@ -1,0 +1,141 @@
+"""Explicit SIMD vectors for Numba kernels: a float32 x 16 / float64 x 8 value type and
+the few operations the register-blocked kernels need.
+
+LLVM does not derive register blocking from plain Numba loops: with several output
+pixels' accumulators in one loop body it keeps each in memory behind runtime alias
+checks. A value of vector type lives in a register, so a kernel can hold several
+accumulators across all of a filter's taps. ``vmuladd`` rounds the product and then the
+sum (no FMA contraction: Numba emits no fast-math flags), as Eigen's non-FMA ``pmadd``.
+
+The loads and stores are unchecked and unaligned: callers keep ``i + lanes <= size``.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+
+class Vec(types.Type):
+    """A SIMD vector of ``lanes`` values of ``dtype`` (a Numba float type)."""
+
+    def __init__(self, dtype: types.Float, lanes: int) -> None:
+        self.dtype = dtype
+        self.lanes = lanes
+        super().__init__(name=f"Vec({dtype} x {lanes})")
+
+
+_LANES = {types.float32: 16, types.float64: 8}  # one 512-bit register
+_VEC = {t: Vec(t, n) for t, n in _LANES.items()}
+
+
+def _llvm_type(vt: Vec) -> ir.VectorType:
+    return ir.VectorType(ir.FloatType() if vt.dtype == types.float32 else ir.DoubleType(),
+                         vt.lanes)
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):  # type: ignore[no-untyped-def]
+        super().__init__(dmm, fe_type, _llvm_type(fe_type))
+
+
+def _vec_of(arr) -> Vec | None:  # type: ignore[no-untyped-def]
+    if isinstance(arr, types.Array) and arr.dtype in _VEC:
+        return _VEC[arr.dtype]
+    return None
+
+
+def _pointer(context, builder, aty, arr, idx, vt):  # type: ignore[no-untyped-def]
+    data = context.make_array(aty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [idx]), _llvm_type(vt).as_pointer())
+
+
+@intrinsic
+def nlanes(typingctx, arr):  # type: ignore[no-untyped-def]
+    """The number of lanes of arr's vector type (a compile-time constant)."""
+    vt = _vec_of(arr)
+    if vt is None:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return context.get_constant(types.intp, vt.lanes)
+
+    return types.intp(arr), codegen
+
+
+@intrinsic
+def vzeros(typingctx, arr):  # type: ignore[no-untyped-def]
+    """A vector of +0 of arr's dtype."""
+    vt = _vec_of(arr)
+    if vt is None:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return ir.Constant(_llvm_type(vt), [0.0] * vt.lanes)
+
+    return vt(arr), codegen
+
+
+@intrinsic
+def vload(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + lanes] (arr C-contiguous and one-dimensional)."""
+    vt = _vec_of(arr)
+    if vt is None or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1], vt),
+                            align=vt.dtype.bitwidth // 8)
+
+    return vt(arr, i), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + lanes] = v."""
+    vt = _vec_of(arr)
+    if vt is None or v != vt or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], vt),
+                      align=vt.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), codegen
+
+
+@intrinsic
+def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
+    """acc + a * b per lane: the product rounded, then the sum."""
+    if not (isinstance(acc, Vec) and a == acc and b == acc):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.fadd(args[0], builder.fmul(args[1], args[2]))
+
+    return acc(acc, a, b), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """Hint the cache line holding arr.flat[i] into the caches (never faults, any i)."""
+    if not isinstance(arr, types.Array) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        p = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [p, i32(0), i32(3), i32(1)])  # read, keep in all levels, data
+        return context.get_dummy_value()
+
+    return types.none(arr, i), codegen
+
+
+__all__ = ["Vec", "nlanes", "prefetch", "vload", "vmuladd", "vstore", "vzeros"]
