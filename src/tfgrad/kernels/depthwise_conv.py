@@ -126,6 +126,27 @@ def _hsum(v, p, lanes):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
+def _reduce_multiplier(v, base, M, lanes, mode, zero):  # type: ignore[no-untyped-def]
+    """The sum of v[base:base + M] in TF's BackpropInput order: horizontal sums of
+    lanes-wide packets added in order, then the remaining terms one by one (rounded to T
+    after each step for the half types)."""
+    s = zero
+    nvec = M // lanes * lanes
+    for q0 in range(0, nvec, lanes):
+        h = _hsum(v, base + q0, lanes)
+        if mode != NONE:
+            h = _round(h, mode)
+        s = s + h
+        if mode != NONE:
+            s = _round(s, mode)
+    for q in range(nvec, M):
+        s = s + v[base + q]
+        if mode != NONE:
+            s = _round(s, mode)
+    return s
+
+
+@njit(inline="always")
 def _mac(o, a0, b0, a1, b1, a2, b2, a3, b3, nt, L):  # type: ignore[no-untyped-def]
     """o[e] = (((o[e] + a0*b0) + a1*b1) + a2*b2) + a3*b3 over e < L, for the first nt
     terms: each product rounded, then each sum, in term order, with the accumulator in a
@@ -309,7 +330,6 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
     gf = g.reshape(N, oh, ow * CM)
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    nvec = M // lanes * lanes
     for t in range(t0, t1):
         n, ii = t // H, t % H
         acc = np.zeros((sw, U * CM), w.dtype)  # pixel jj at [jj % sw, (jj // sw) * CM]
@@ -370,21 +390,8 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
                 for ch in range(CM):
                     o[ch] = pj[ch]
                 continue
-            for k in range(C):  # reduce over the multiplier: packets, then the rest
-                s = zero
-                base = k * M
-                for q0 in range(0, nvec, lanes):
-                    h = _hsum(pj, base + q0, lanes)
-                    if mode != NONE:
-                        h = _round(h, mode)
-                    s = s + h
-                    if mode != NONE:
-                        s = _round(s, mode)
-                for q in range(nvec, M):
-                    s = s + pj[base + q]
-                    if mode != NONE:
-                        s = _round(s, mode)
-                o[k] = s
+            for k in range(C):  # reduce over the multiplier
+                o[k] = _reduce_multiplier(pj, k * M, M, lanes, mode, zero)
 
 
 @njit(nogil=True, cache=True)
@@ -549,7 +556,6 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):
     M = CM // C
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    nvec = M // lanes * lanes
     for t in range(t0, t1):
         n, ii = t // H, t % H
         per = out[n, ii] if M == 1 else np.empty((W, CM), w.dtype)
@@ -573,24 +579,11 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):
                             a[ch] = a[ch] + wt[ch] * zero
                     if mode != NONE:
                         _round_all(a, mode)
-        if M > 1:  # reduce over the multiplier: packets of `lanes`, then the rest
+        if M > 1:  # reduce over the multiplier
             for jj in range(W):
-                pj = per[jj]
                 for k in range(C):
-                    s = zero
-                    base = k * M
-                    for p0 in range(0, nvec, lanes):
-                        h = _hsum(pj, base + p0, lanes)
-                        if mode != NONE:
-                            h = _round(h, mode)
-                        s = s + h
-                        if mode != NONE:
-                            s = _round(s, mode)
-                    for m in range(nvec, M):
-                        s = s + pj[base + m]
-                        if mode != NONE:
-                            s = _round(s, mode)
-                    out[n, ii, jj, k] = s
+                    out[n, ii, jj, k] = _reduce_multiplier(per[jj], k * M, M, lanes, mode,
+                                                             zero)
 
 
 @njit(nogil=True, cache=True)
@@ -621,13 +614,23 @@ _P = 4  # output pixels per register block
 
 
 @njit(inline="always")
-def _expand_row(xf, s0, W, C, M, ring, d0):  # type: ignore[no-untyped-def]
-    """ring[d0 + jj*C*M + k*M + q] = xf[s0 + jj*C + k]: each channel repeated M times."""
-    for jj in range(W):
-        for k in range(C):
-            v = xf[s0 + jj * C + k]
-            for q in range(M):
-                ring[d0 + (jj * C + k) * M + q] = v
+def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-def]
+    """Where input row (n, ii) starts in the kernel's source: in x itself when M = 1,
+    else in its ring slot (ii mod the ring's rows), expanded there on first use with each
+    channel repeated M times, so that a tap's lanes k*M + q are contiguous."""
+    if M == 1:
+        return (n * H + ii) * W * C
+    s = ii % tags.size
+    d0 = s * W * C * M
+    if tags[s] != n * H + ii:
+        s0 = (n * H + ii) * W * C
+        for jj in range(W):
+            for k in range(C):
+                v = xf[s0 + jj * C + k]
+                for q in range(M):
+                    ring[d0 + (jj * C + k) * M + q] = v
+        tags[s] = n * H + ii
+    return d0
 
 
 @njit(inline="always")
@@ -707,16 +710,10 @@ def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
             for r in range(FH):
                 ii = i * sh - pt + r * dh
                 rowok[r] = 0 <= ii < H
-                if not rowok[r]:
-                    allok = False
-                elif M == 1:
-                    rowoff[r] = (n * H + ii) * WC
+                if rowok[r]:
+                    rowoff[r] = _row_offset(xf, n, ii, H, W, C, M, ring, tags)
                 else:
-                    s = ii % R
-                    if tags[s] != n * H + ii:
-                        _expand_row(xf, (n * H + ii) * W * C, W, C, M, ring, s * WC)
-                        tags[s] = n * H + ii
-                    rowoff[r] = s * WC
+                    allok = False
             ob = (n * oh + i) * ow * CM
             j = 0
             while j < ow:
@@ -785,7 +782,6 @@ def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         rowok = np.zeros(FH, np.bool_)
         tapb = np.zeros(FW, np.int64)
         taphit = np.zeros(FW, np.bool_)
-        nvec = M // plane * plane
         for t in range(t0, t1):
             n, ii = t // H, t % H
             for r in range(FH):
@@ -856,17 +852,12 @@ def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                         s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
                             dst[db + (ph + up * sw) * CM + ch] = s_
                     u = u1
-            if M > 1:  # reduce over the multiplier: packets of `plane`, then the rest
+            if M > 1:  # reduce over the multiplier
                 o0 = (n * H + ii) * W * C
                 for jj in range(W):
                     for k in range(C):
-                        s_ = zero
-                        base = jj * CM + k * M
-                        for q0 in range(0, nvec, plane):
-                            s_ = s_ + _hsum(per, base + q0, plane)
-                        for q in range(nvec, M):
-                            s_ = s_ + per[base + q]
-                        of[o0 + jj * C + k] = s_
+                        of[o0 + jj * C + k] = _reduce_multiplier(per, jj * CM + k * M, M,
+                                                                  plane, NONE, zero)
 
     return kernel
 
@@ -908,15 +899,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                 for r in range(FH):
                     ii = i * sh - pt + r * dh
                     ok = 0 <= ii < H
-                    ro = 0
-                    if ok and M == 1:
-                        ro = (n * H + ii) * WC
-                    elif ok:
-                        s = ii % R
-                        if tags[s] != n * H + ii:
-                            _expand_row(xf, (n * H + ii) * W * C, W, C, M, ring, s * WC)
-                            tags[s] = n * H + ii
-                        ro = s * WC
+                    ro = _row_offset(xf, n, ii, H, W, C, M, ring, tags) if ok else 0
                     b = r * FW * CM
                     for ch in range(0, CV, NL):
                         z = vzeros(x)
