@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
+from tfgrad.kernels import fractional_pool as fpk
 from tfgrad.ops import fractional_pool as fp
 
 raw = tfgrad.raw_ops
@@ -353,6 +354,33 @@ def test_forward_kernel_equals_reference(n, h, w, c, rh, rw, ov, ps, dt, seed):
     for op in (raw.FractionalMaxPool, raw.FractionalAvgPool):
         a, b = _both(lambda op=op: op(value=x, **kw))
         oracle.assert_outputs(op.OP_NAME, a, b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(1, 2), st.integers(1, 9), st.integers(1, 9),
+       st.sampled_from([8, 15, 16, 17, 64, 127, 128, 129, 144, 256]), st.floats(1.0, 3.0),
+       st.floats(1.0, 3.0), st.booleans(), st.sampled_from([F32, F64]), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_register_blocked_forwards_equal_reference(monkeypatch, n, h, w, c, rh, rw, ov, dt,
+                                                   stream, seed):
+    """The float kernels' vector blocks (8 vectors, then 1, then scalars), with and
+    without non-temporal stores and prefetch: NaN never wins a maximum, the earlier of
+    -0/+0 stays, sums keep TF's order, whatever the channel count's remainder."""
+    monkeypatch.setattr(fpk, "_STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 3, (n, h, w, c)).astype(dt)  # many ties
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30], dt)
+    mask = rng.random(x.shape) < 0.1
+    x[mask] = rng.choice(specials, int(mask.sum()))
+    rh, rw = min(rh, h), min(rw, w)
+    kw = dict(pooling_ratio=[1.0, rh, rw, 1.0], overlapping=ov, deterministic=True,
+              seed=seed + 1, seed2=7)
+    for op in (raw.FractionalMaxPool, raw.FractionalAvgPool):
+        a, b = _both(lambda op=op: op(value=x, **kw))
+        oracle.assert_outputs(op.OP_NAME, a, b)
+        # -0 vs +0 too: the maxima must pick the same zero as TF's order
+        num = ~np.isnan(b.output)
+        assert np.array_equal(np.signbit(a.output[num]), np.signbit(b.output[num]))
 
 
 def test_gradients_are_adjoints_and_match_finite_differences():

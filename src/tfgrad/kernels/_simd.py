@@ -109,6 +109,63 @@ def vstore(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vstore_nt(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
+    """vstore that bypasses the caches (a non-temporal store): the output is written
+    without first being read for ownership. arr.flat[i] must be 64-byte aligned."""
+    vt = _vec_of(arr)
+    if vt is None or v != vt or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        st = builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1],
+                                             vt), align=64)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), codegen
+
+
+@intrinsic
+def vfull(typingctx, arr, value):  # type: ignore[no-untyped-def]
+    """A vector of ``value`` (converted to arr's dtype) in every lane."""
+    vt = _vec_of(arr)
+    if vt is None or not isinstance(value, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        s = context.cast(builder, args[1], sig.args[1], vt.dtype)
+        v = ir.Constant(_llvm_type(vt), ir.Undefined)
+        for k in range(vt.lanes):
+            v = builder.insert_element(v, s, ir.IntType(32)(k))
+        return v
+
+    return vt(arr, value), codegen
+
+
+def _binary(name, doc, emit):  # type: ignore[no-untyped-def]
+    def typer(typingctx, a, b):  # type: ignore[no-untyped-def]
+        if not (isinstance(a, Vec) and b == a):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            return emit(builder, args[0], args[1])
+
+        return a(a, b), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+vadd = _binary("vadd", "a + b per lane.", lambda bd, a, b: bd.fadd(a, b))
+vdiv = _binary("vdiv", "a / b per lane.", lambda bd, a, b: bd.fdiv(a, b))
+vmax_keep = _binary(
+    "vmax_keep", "b where a < b, else a, per lane: a running maximum that a NaN never "
+    "replaces and that keeps the earlier of equal values (-0 vs +0), as TF's pooling "
+    "comparisons.", lambda bd, a, b: bd.select(bd.fcmp_ordered("<", a, b), b, a))
+
+
+@intrinsic
 def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
     """acc + a * b per lane: the product rounded, then the sum."""
     if not (isinstance(acc, Vec) and a == acc and b == acc):
@@ -138,4 +195,5 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     return types.none(arr, i), codegen
 
 
-__all__ = ["Vec", "nlanes", "prefetch", "vload", "vmuladd", "vstore", "vzeros"]
+__all__ = ["Vec", "nlanes", "prefetch", "vadd", "vdiv", "vfull", "vload", "vmax_keep",
+           "vmuladd", "vstore", "vstore_nt", "vzeros"]

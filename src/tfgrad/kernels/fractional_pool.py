@@ -15,8 +15,15 @@ import numba
 import numpy as np
 from numba import prange
 
+from ._simd import nlanes, prefetch, vadd, vdiv, vfull, vload, vmax_keep, vstore, vstore_nt
+
 _PARALLEL_MIN = 1 << 16
 """Below this many elements touched, one thread: a parallel launch costs more."""
+
+_STREAM_MIN_BYTES = 4 << 20
+"""Forward outputs this big are written with non-temporal stores (they would mostly
+leave the caches before use anyway, and skipping the read-for-ownership saves a fifth
+of the op's memory traffic), and their inputs prefetched a row cell ahead."""
 
 
 @contextlib.contextmanager
@@ -74,7 +81,7 @@ def philox_blocks(counter: int, key: tuple[int, int], n: int) -> np.ndarray:
 
 @numba.njit(parallel=True, cache=True)
 def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
-    """out[b,i,j,:] = max over cell (i, j), starting at ``lowest``; NaN never wins.
+    """Integer T: out[b,i,j,:] = max over cell (i, j), starting at ``lowest``.
 
     Flat unsigned offsets: no negative-index fix-ups, so the depth loop vectorises."""
     n, H, W, D = x.shape
@@ -98,9 +105,9 @@ def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True)
-def _avg_pool(x, rs, re, cs, ce, counts, is_int, out):  # pragma: no cover - compiled
-    """out[b,i,j,:] = (sum in T over cell, row-major) / count in T (``counts``, as TF
-    counts in T); integer division truncates toward zero."""
+def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
+    """Integer T: out[b,i,j,:] = (sum in T over cell, row-major, wrapping) / count,
+    truncated toward zero."""
     n, H, W, D = x.shape
     mr, mc = rs.size, cs.size
     xf, of = x.reshape(-1), out.reshape(-1)
@@ -116,19 +123,120 @@ def _avg_pool(x, rs, re, cs, ce, counts, is_int, out):  # pragma: no cover - com
                 for w in range(cs[j], ce[j] + 1):
                     xb = np.uint64(((b * H + h) * W + w) * D)
                     for d in range(ud):
-                        # Stored back into T after each add: float32 sums round, ints wrap.
                         of[ob + d] = of[ob + d] + xf[xb + d]
             count = counts[i, j]
-            if is_int:
-                for d in range(ud):
-                    s = of[ob + d]
-                    q = s // count
-                    if s < 0 and q * count != s:
-                        q += 1
-                    of[ob + d] = q
-            else:
-                for d in range(ud):
-                    of[ob + d] = of[ob + d] / count
+            for d in range(ud):
+                s = of[ob + d]
+                q = s // count
+                if s < 0 and q * count != s:
+                    q += 1
+                of[ob + d] = q
+
+
+def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
+    """_max_pool / _avg_pool for float32/float64, register-blocked: a cell's running
+    maxima (or sums, rounded to T after every add as TF's) for eight channel vectors stay
+    in registers across its taps, and the output is written once. With ``stream`` (large
+    tensors; out 64-byte aligned, a pixel's channels whole 64-byte lines), the outputs go
+    out with non-temporal stores and each cell prefetches the input lines that the next
+    row cell will add (a thread's tasks are consecutive rows).
+    Channels past the last block of eight vectors go one vector, then one value, at a
+    time. The max is order-independent (a NaN never wins, the earlier of -0/+0 stays)
+    and every sum keeps TF's row-major order, so any blocking gives TF's bits."""
+
+    @numba.njit(inline="always")
+    def acc(a, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        return vmax_keep(a, v) if is_max else vadd(a, v)
+
+    @numba.njit(inline="always")
+    def put(of, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        if stream:
+            vstore_nt(of, i, v)
+        else:
+            vstore(of, i, v)
+
+    @numba.njit(parallel=True, cache=True)
+    def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+        """``lowest`` starts every maximum or sum: T's lowest or +0."""
+        n, H, W, D = x.shape
+        mr, mc = rs.size, cs.size
+        xf, of = x.reshape(-1), out.reshape(-1)
+        L = nlanes(xf)
+        D8 = D - D % (8 * L)
+        D1 = D - D % L
+        WD = W * D
+        for t in prange(n * mr):
+            b = t // mr
+            i = t - b * mr
+            nh = re[i] - rs[i] + 1
+            row0 = (b * H + rs[i]) * WD
+            for j in range(mc):
+                o = (t * mc + j) * D
+                nw = ce[j] - cs[j] + 1
+                k0 = row0 + cs[j] * D
+                cnt = vfull(xf, counts[i, j])
+                init = vfull(xf, lowest)
+                if stream and i + 1 < mr:
+                    for h in range(re[i] + 1, re[i + 1] + 1):
+                        k = (b * H + h) * WD + cs[j] * D
+                        for q in range(0, nw * D, L):
+                            prefetch(xf, k + q)
+                for d in range(0, D8, 8 * L):
+                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = init
+                    kr = k0 + d
+                    for _ in range(nh):
+                        k = kr
+                        for _ in range(nw):
+                            a0 = acc(a0, vload(xf, k))
+                            a1 = acc(a1, vload(xf, k + L))
+                            a2 = acc(a2, vload(xf, k + 2 * L))
+                            a3 = acc(a3, vload(xf, k + 3 * L))
+                            a4 = acc(a4, vload(xf, k + 4 * L))
+                            a5 = acc(a5, vload(xf, k + 5 * L))
+                            a6 = acc(a6, vload(xf, k + 6 * L))
+                            a7 = acc(a7, vload(xf, k + 7 * L))
+                            k += D
+                        kr += WD
+                    if not is_max:
+                        a0, a1, a2, a3 = vdiv(a0, cnt), vdiv(a1, cnt), vdiv(a2, cnt), vdiv(a3, cnt)
+                        a4, a5, a6, a7 = vdiv(a4, cnt), vdiv(a5, cnt), vdiv(a6, cnt), vdiv(a7, cnt)
+                    put(of, o + d, a0)
+                    put(of, o + d + L, a1)
+                    put(of, o + d + 2 * L, a2)
+                    put(of, o + d + 3 * L, a3)
+                    put(of, o + d + 4 * L, a4)
+                    put(of, o + d + 5 * L, a5)
+                    put(of, o + d + 6 * L, a6)
+                    put(of, o + d + 7 * L, a7)
+                for d in range(D8, D1, L):
+                    a0 = init
+                    kr = k0 + d
+                    for _ in range(nh):
+                        k = kr
+                        for _ in range(nw):
+                            a0 = acc(a0, vload(xf, k))
+                            k += D
+                        kr += WD
+                    put(of, o + d, a0 if is_max else vdiv(a0, cnt))
+                for d in range(D1, D):
+                    s = lowest
+                    kr = k0 + d
+                    for _ in range(nh):
+                        k = kr
+                        for _ in range(nw):
+                            v = xf[k]
+                            if is_max:
+                                s = v if s < v else s
+                            else:
+                                s = s + v
+                            k += D
+                        kr += WD
+                    of[o + d] = s if is_max else s / counts[i, j]
+
+    return kernel
+
+
+_POOL_VEC = {(m, st): _make_pool_vec(m, st) for m in (False, True) for st in (False, True)}
 
 
 @numba.njit(inline="always")
@@ -298,19 +406,40 @@ def _covering(starts: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray,
     return first, last, own_lo, own_hi
 
 
-def max_pool(x: np.ndarray, rs, re, cs, ce, lowest) -> np.ndarray:
-    out = np.empty((x.shape[0], rs.size, cs.size, x.shape[3]), x.dtype)
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """np.empty on a 64-byte (cache-line) boundary, for non-temporal stores."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(nbytes + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
+    shape = (x.shape[0], rs.size, cs.size, x.shape[3])
+    counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
     with _threads(x.size):
-        _max_pool(x, rs, re, cs, ce, lowest, out)
+        if x.dtype.kind == "f":
+            # Bypass the caches only for outputs too big to stay in them anyway.
+            stream = (shape[3] * x.dtype.itemsize % 64 == 0
+                      and int(np.prod(shape)) * x.dtype.itemsize >= _STREAM_MIN_BYTES)
+            out = _aligned_empty(shape, x.dtype) if stream else np.empty(shape, x.dtype)
+            assert not stream or out.ctypes.data % 64 == 0  # a misaligned movnt faults
+            _POOL_VEC[is_max, stream](x, rs, re, cs, ce, lowest, counts, out)
+        elif is_max:
+            out = np.empty(shape, x.dtype)
+            _max_pool(x, rs, re, cs, ce, lowest, out)
+        else:
+            out = np.empty(shape, x.dtype)
+            _avg_pool(x, rs, re, cs, ce, counts, out)
     return out
+
+
+def max_pool(x: np.ndarray, rs, re, cs, ce, lowest) -> np.ndarray:
+    return _pool(x, rs, re, cs, ce, True, lowest)
 
 
 def avg_pool(x: np.ndarray, rs, re, cs, ce) -> np.ndarray:
-    out = np.empty((x.shape[0], rs.size, cs.size, x.shape[3]), x.dtype)
-    with _threads(x.size):
-        counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
-        _avg_pool(x, rs, re, cs, ce, counts, x.dtype.kind == "i", out)
-    return out
+    return _pool(x, rs, re, cs, ce, False, x.dtype.type(0))
 
 
 def avg_pool_grad(in_shape: tuple[int, ...], g: np.ndarray, rs, re, cs, ce) -> np.ndarray:

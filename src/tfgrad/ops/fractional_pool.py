@@ -52,7 +52,13 @@ Computation (each verified bit-exact against TF 2.21)
       rounds once: no float64 array the size of the input, as TF allocates.
 
 Fused kernels (``tfgrad.kernels.fractional_pool``)
-    Forward ops: one task per (batch, output row). Gradients: one task per (batch, output
+    Forward ops: one task per (batch, output row). For float32/float64 each cell keeps
+    the running maxima or sums of eight channel vectors in registers over its taps (the
+    max is order-free: a NaN never wins and the earlier of -0/+0 stays; the sums keep
+    TF's row-major order) and writes its outputs once. For outputs of 4 MiB or more the
+    stores are non-temporal (no read-for-ownership of lines that would leave the caches
+    before use anyway) and each cell prefetches the input lines of the next row cell.
+    Gradients: one task per (batch, output
     row cell r), owning the input rows whose last covering cell is r; AvgGrad computes
     the shares ``double(g)/count`` of rows r-1 and r once per task (2 output rows of
     float64), MaxGrad first records each cell's argmax (its position in the cell, int32,
