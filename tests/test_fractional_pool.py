@@ -322,6 +322,42 @@ def test_kernel_equals_reference_on_generated_sequences(p):
     oracle.assert_same(a, b)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(1, 2), st.integers(1, 24), st.integers(1, 12),
+       st.sampled_from([8, 16, 24, 32, 48]), st.sampled_from([F32, F64]), st.booleans(),
+       st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_fused_max_grad_equals_reference(monkeypatch, n, h, w, c, dt, ov, stream, specials,
+                                         seed):
+    """The fused float max gradient (argmax codes per task of up to 8 row cells, the row
+    cell before recomputed; whole channel vectors; non-temporal stores when streaming):
+    equal to the reference, or the same error when a replayed maximum differs from
+    orig_output (a NaN first in its cell, or a cell of only -inf)."""
+    monkeypatch.setattr(fpk, "_STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    rng = np.random.default_rng(seed)
+    ratio = [1.0, float(rng.uniform(1, min(h, 3.0))), float(rng.uniform(1, min(w, 3.0))), 1.0]
+    x = rng.integers(-3, 3, (n, h, w, c)).astype(dt)  # ties
+    if specials:
+        mask = rng.random(x.shape) < 0.05
+        x[mask] = rng.choice(np.array([np.nan, -np.inf, np.inf, -0.0], dt), int(mask.sum()))
+    fwd = raw.FractionalMaxPool(value=x, pooling_ratio=ratio, overlapping=ov,
+                                deterministic=True, seed=seed + 1, seed2=3)
+    g = rng.standard_normal(fwd.output.shape).astype(dt)
+    kw = dict(orig_input=x, orig_output=fwd.output, out_backprop=g,
+              row_pooling_sequence=fwd.row_pooling_sequence,
+              col_pooling_sequence=fwd.col_pooling_sequence, overlapping=ov)
+    results = []
+    for impl in ("kernel", "reference"):
+        with tfgrad.use_impl(impl):
+            try:
+                results.append(raw.FractionalMaxPoolGrad(**kw))
+            except tfgrad.InvalidArgumentError as e:
+                results.append(str(e))
+    if isinstance(results[1], str):
+        assert results[0] == results[1]
+    else:
+        oracle.assert_same(results[0], results[1])
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_grad_problem(valid=False))
 def test_arbitrary_sequences_are_rejected_or_computed(p):
@@ -411,21 +447,35 @@ _THREAD_SCRIPT = r"""
 import hashlib, numpy as np, tfgrad
 raw = tfgrad.raw_ops
 rng = np.random.default_rng(0)
-x = rng.integers(-3, 3, (3, 23, 29, 45)).astype(np.float32)
 h = hashlib.sha256()
-for ov in (False, True):
+same = True
+
+
+def outputs(x, ov):
     kw = dict(pooling_ratio=[1.0, 1.44, 1.73, 1.0], overlapping=ov, deterministic=True,
               seed=5, seed2=6)
     m = raw.FractionalMaxPool(value=x, **kw)
     a = raw.FractionalAvgPool(value=x, **kw)
-    g = rng.standard_normal(m.output.shape).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal(m.output.shape).astype(np.float32)
     s = dict(row_pooling_sequence=m.row_pooling_sequence,
              col_pooling_sequence=m.col_pooling_sequence, overlapping=ov)
-    for out in (m.output, a.output,
-                raw.FractionalMaxPoolGrad(orig_input=x, orig_output=m.output, out_backprop=g, **s),
-                raw.FractionalAvgPoolGrad(orig_input_tensor_shape=x.shape, out_backprop=g, **s)):
-        h.update(np.ascontiguousarray(out).tobytes())
-print(h.hexdigest())
+    return (m.output, a.output,
+            raw.FractionalMaxPoolGrad(orig_input=x, orig_output=m.output, out_backprop=g, **s),
+            raw.FractionalAvgPoolGrad(orig_input_tensor_shape=x.shape, out_backprop=g, **s))
+
+
+# 45 channels: vector blocks plus scalar tails; 48: the fused max gradient, whose tasks
+# start mid-image and recompute the row cell before them.
+for x in (rng.integers(-3, 3, (3, 23, 29, 45)).astype(np.float32),
+          rng.integers(-3, 3, (3, 41, 29, 48)).astype(np.float32)):
+    for ov in (False, True):
+        got = outputs(x, ov)
+        with tfgrad.use_impl("reference"):
+            ref = outputs(x, ov)
+        same &= all(np.array_equal(p, q) for p, q in zip(got, ref))
+        for out in got:
+            h.update(np.ascontiguousarray(out).tobytes())
+print(h.hexdigest(), same)
 """
 
 
@@ -436,8 +486,9 @@ def test_results_do_not_depend_on_thread_count():
         p = subprocess.run([sys.executable, "-c", _THREAD_SCRIPT], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
-        digests.append(p.stdout.strip())
+        digests.append(p.stdout.split())
     assert digests[0] == digests[1]
+    assert digests[0][1] == "True"  # and equal to the reference
 
 
 # --------------------------------------------------------------------------------------

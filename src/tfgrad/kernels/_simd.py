@@ -165,6 +165,41 @@ vmax_keep = _binary(
     "comparisons.", lambda bd, a, b: bd.select(bd.fcmp_ordered("<", a, b), b, a))
 
 
+def _ternary_select(name, doc, pred):  # type: ignore[no-untyped-def]
+    def typer(typingctx, a, b, x, y):  # type: ignore[no-untyped-def]
+        if not (isinstance(a, Vec) and b == a and x == a and y == a):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            return builder.select(pred(builder, args[0], args[1]), args[2], args[3])
+
+        return a(a, b, x, y), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+vwhere_lt = _ternary_select("vwhere_lt", "x where a < b, else y, per lane (false for NaN).",
+                            lambda bd, a, b: bd.fcmp_ordered("<", a, b))
+vwhere_eq = _ternary_select("vwhere_eq", "x where a == b, else y, per lane (false for NaN).",
+                            lambda bd, a, b: bd.fcmp_ordered("==", a, b))
+
+
+@intrinsic
+def vany_ne(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """True if a != b in any lane (a NaN lane counts as unequal)."""
+    if not (isinstance(a, Vec) and b == a):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        ne = builder.fcmp_unordered("!=", args[0], args[1])
+        bits = builder.bitcast(ne, ir.IntType(a.lanes))
+        return builder.icmp_unsigned("!=", bits, ir.IntType(a.lanes)(0))
+
+    return types.boolean(a, b), codegen
+
+
 @intrinsic
 def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
     """acc + a * b per lane: the product rounded, then the sum."""
@@ -195,5 +230,5 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     return types.none(arr, i), codegen
 
 
-__all__ = ["Vec", "nlanes", "prefetch", "vadd", "vdiv", "vfull", "vload", "vmax_keep",
-           "vmuladd", "vstore", "vstore_nt", "vzeros"]
+__all__ = ["Vec", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull", "vload",
+           "vmax_keep", "vmuladd", "vstore", "vstore_nt", "vwhere_eq", "vwhere_lt", "vzeros"]

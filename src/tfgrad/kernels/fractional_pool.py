@@ -15,7 +15,21 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._simd import nlanes, prefetch, vadd, vdiv, vfull, vload, vmax_keep, vstore, vstore_nt
+from ._simd import (
+    nlanes,
+    prefetch,
+    vadd,
+    vany_ne,
+    vdiv,
+    vfull,
+    vload,
+    vmax_keep,
+    vstore,
+    vstore_nt,
+    vwhere_eq,
+    vwhere_lt,
+    vzeros,
+)
 
 _PARALLEL_MIN = 1 << 16
 """Below this many elements touched, one thread: a parallel launch costs more."""
@@ -133,6 +147,19 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
                 of[ob + d] = q
 
 
+def _store(stream: bool):  # type: ignore[no-untyped-def]
+    """vstore, or vstore_nt when streaming."""
+
+    @numba.njit(inline="always")
+    def put(of, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        if stream:
+            vstore_nt(of, i, v)
+        else:
+            vstore(of, i, v)
+
+    return put
+
+
 def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     """_max_pool / _avg_pool for float32/float64, register-blocked: a cell's running
     maxima (or sums, rounded to T after every add as TF's) for eight channel vectors stay
@@ -148,12 +175,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     def acc(a, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         return vmax_keep(a, v) if is_max else vadd(a, v)
 
-    @numba.njit(inline="always")
-    def put(of, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        if stream:
-            vstore_nt(of, i, v)
-        else:
-            vstore(of, i, v)
+    put = _store(stream)
 
     @numba.njit(parallel=True, cache=True)
     def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -386,6 +408,116 @@ def _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first,
                         out[b, h, w, d] = v + _pick(g, arg, b, r1, c1, d, k11, zero)
 
 
+_ROWS_PER_TASK = 8
+"""Output rows per task of the fused max gradient: each task recomputes the argmax codes
+of the row cell before its first one (needed for overlapping boundary rows)."""
+
+
+@numba.njit(inline="always")
+def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """codes[slot + c*D + d] = row-major position (as T) in cell (r, c) of its first
+    maximum, replaying TF's scan (best = first element; best = v if best < v); False if
+    a replayed maximum differs from orig_output (TF's tensor_out_dup check)."""
+    mr, mc = rs.size, cs.size
+    WD = W * D
+    ok = True
+    nh = re[r] - rs[r] + 1
+    for c in range(mc):
+        nw = ce[c] - cs[c] + 1
+        k0 = (b * H + rs[r]) * WD + cs[c] * D
+        yo = ((b * mr + r) * mc + c) * D
+        for d in range(0, D, L):
+            best = vload(xf, k0 + d)
+            code = vzeros(xf)
+            kr = k0 + d
+            pos = 0
+            for _ in range(nh):
+                k = kr
+                for _ in range(nw):
+                    v = vload(xf, k)
+                    code = vwhere_lt(best, v, vfull(xf, pos), code)
+                    best = vmax_keep(best, v)
+                    pos += 1
+                    k += D
+                kr += WD
+            if vany_ne(best, vload(yf, yo + d)):
+                ok = False
+            vstore(codes, slot + c * D + d, code)
+    return ok
+
+
+def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
+    """_max_pool_argmax and _max_pool_grad fused, for float32/float64 with whole channel
+    vectors: each task takes up to _ROWS_PER_TASK row cells of one image, finds each
+    cell's argmax codes (as T, exact: cells have < 2**24 elements) into a two-row
+    buffer, and then gathers, per input element of the rows it owns, the g of the cells
+    whose argmax it is, in TF's order. No output-sized argmax array; non-temporal stores
+    when ``stream``."""
+    put = _store(stream)
+
+    @numba.njit(inline="always")
+    def pick(codes, s, i, pos, gf, j, zero):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+        return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), zero)
+
+    @numba.njit(parallel=True, cache=True)
+    def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
+               out):  # type: ignore[no-untyped-def]  # pragma: no cover
+        n, H, W, D = x.shape
+        mr, mc = rs.size, cs.size
+        xf, yf, gf, of = x.reshape(-1), y.reshape(-1), g.reshape(-1), out.reshape(-1)
+        L = nlanes(xf)
+        per = (mr + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+        bad = np.zeros(n * per, np.bool_)
+        for t in prange(n * per):
+            b = t // per
+            r_lo = (t - b * per) * _ROWS_PER_TASK
+            r_hi = min(r_lo + _ROWS_PER_TASK, mr)
+            codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
+            if r_lo > 0 and r_first[own_lo[r_lo]] < r_lo:
+                _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
+                              (r_lo - 1) % 2 * mc * D)
+            zero = vzeros(gf)
+            for r in range(r_lo, r_hi):
+                if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
+                                     r % 2 * mc * D):
+                    bad[t] = True
+                for h in range(own_lo[r], own_hi[r] + 1):
+                    r0, r1 = r_first[h], r_last[h]
+                    s0, s1 = r0 % 2 * mc * D, r1 % 2 * mc * D
+                    for w in range(W):
+                        c0, c1 = c_first[w], c_last[w]
+                        o = ((b * H + h) * W + w) * D
+                        if r1 < r0 or c1 < c0:  # outside every cell
+                            for d in range(0, D, L):
+                                put(of, o + d, zero)
+                            continue
+                        # position of (h, w) in each covering cell, row-major
+                        k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                        k01 = (h - rs[r0]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                        k10 = (h - rs[r1]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                        k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                        g00 = ((b * mr + r0) * mc + c0) * D
+                        g01 = ((b * mr + r0) * mc + c1) * D
+                        g10 = ((b * mr + r1) * mc + c0) * D
+                        g11 = ((b * mr + r1) * mc + c1) * D
+                        for d in range(0, D, L):
+                            v = vadd(zero, pick(codes, s0, c0 * D + d, k00, gf, g00 + d, zero))
+                            if c1 != c0:
+                                v = vadd(v, pick(codes, s0, c1 * D + d, k01, gf, g01 + d, zero))
+                            if r1 != r0:
+                                v = vadd(v, pick(codes, s1, c0 * D + d, k10, gf, g10 + d, zero))
+                                if c1 != c0:
+                                    v = vadd(v, pick(codes, s1, c1 * D + d, k11, gf, g11 + d,
+                                                     zero))
+                            put(of, o + d, v)
+        return not bad.any()
+
+    return kernel
+
+
+_MAX_GRAD_VEC = {st: _make_max_grad_vec(st) for st in (False, True)}
+
+
 # --------------------------------------------------------------------------------------
 # Entry points (arrays contiguous, cells validated by tfgrad.ops.fractional_pool)
 # --------------------------------------------------------------------------------------
@@ -414,14 +546,23 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 
+def _lanes(dtype: np.dtype) -> int:
+    return 64 // dtype.itemsize
+
+
+def _streams(shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether an output of this shape is written with non-temporal stores: only one too
+    big to stay in the caches anyway, and whose pixels are whole 64-byte lines."""
+    return (shape[-1] * dtype.itemsize % 64 == 0
+            and int(np.prod(shape)) * dtype.itemsize >= _STREAM_MIN_BYTES)
+
+
 def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
     shape = (x.shape[0], rs.size, cs.size, x.shape[3])
     counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
     with _threads(x.size):
         if x.dtype.kind == "f":
-            # Bypass the caches only for outputs too big to stay in them anyway.
-            stream = (shape[3] * x.dtype.itemsize % 64 == 0
-                      and int(np.prod(shape)) * x.dtype.itemsize >= _STREAM_MIN_BYTES)
+            stream = _streams(shape, x.dtype)
             out = _aligned_empty(shape, x.dtype) if stream else np.empty(shape, x.dtype)
             assert not stream or out.ctypes.data % 64 == 0  # a misaligned movnt faults
             _POOL_VEC[is_max, stream](x, rs, re, cs, ce, lowest, counts, out)
@@ -459,6 +600,17 @@ def max_pool_grad(x: np.ndarray, y: np.ndarray, g: np.ndarray, rs, re, cs,
     """The input gradient, or None when orig_output does not match the replayed maxima."""
     r_first, r_last, own_lo, own_hi = _covering(rs, re, x.shape[1])
     zero = g.dtype.type(0)
+    cell = int((re - rs).max() + 1) * int((ce - cs).max() + 1) if rs.size and cs.size else 0
+    if (x.dtype.kind == "f" and x.shape[3] % _lanes(x.dtype) == 0
+            and cell < 2 ** (np.finfo(x.dtype).nmant + 1)):  # codes exact in T
+        c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
+        stream = _streams(x.shape, x.dtype)
+        out = _aligned_empty(x.shape, x.dtype) if stream else np.empty(x.shape, x.dtype)
+        assert not stream or out.ctypes.data % 64 == 0  # a misaligned movnt faults
+        with _threads(x.size):
+            ok = _MAX_GRAD_VEC[stream](x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first,
+                                       r_last, c_first, c_last, out)
+        return out if ok else None
     arg = np.empty(y.shape, np.int32)
     with _threads(x.size):
         if not _max_pool_argmax(x, y, rs, re, cs, ce, arg):

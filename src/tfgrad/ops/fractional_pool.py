@@ -61,9 +61,13 @@ Fused kernels (``tfgrad.kernels.fractional_pool``)
     Gradients: one task per (batch, output
     row cell r), owning the input rows whose last covering cell is r; AvgGrad computes
     the shares ``double(g)/count`` of rows r-1 and r once per task (2 output rows of
-    float64), MaxGrad first records each cell's argmax (its position in the cell, int32,
-    output-sized) and then *gathers* per input element the g of the cells whose argmax it
-    is, in TF's order, instead of TF's racy-if-parallel scatter. Every output element is
+    float64), MaxGrad finds each cell's argmax (its position in the cell) and then
+    *gathers* per input element the g of the cells whose argmax it is, in TF's order,
+    instead of TF's racy-if-parallel scatter. For float32/float64 with whole channel
+    vectors the two are fused: a task of up to 8 row cells keeps the positions (exact in
+    T) of its current and previous row cell in a small buffer, recomputing the row cell
+    before its first, so no output-sized argmax array is written; other dtypes record
+    an int32 argmax array first. Every output element is
     written by exactly one task in TF's order, so results do not depend on the thread
     count. Small problems run on one thread (a parallel launch costs more).
 
