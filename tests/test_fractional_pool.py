@@ -120,6 +120,19 @@ def test_deterministic_with_zero_seeds_repeats_within_process():
         assert again.col_pooling_sequence.tolist() == first.col_pooling_sequence.tolist()
 
 
+def test_cached_sequences_are_fresh_arrays_equal_to_drawn_ones():
+    x = np.zeros((1, 9, 11, 1), F32)
+    kw = dict(pooling_ratio=[1.0, 1.3, 1.7, 1.0], pseudo_random=True, deterministic=True,
+              seed=3, seed2=4)
+    first = raw.FractionalMaxPool(value=x, **kw)
+    first.row_pooling_sequence[:] = -1  # a caller's edit must not reach the cache
+    second = raw.FractionalMaxPool(value=x, **kw)
+    rows, cols = fp.pooling_sequences(x.shape, (1.0, 1.3, 1.7, 1.0), True, 3, 4)
+    np.testing.assert_array_equal(second.row_pooling_sequence, rows)
+    np.testing.assert_array_equal(second.col_pooling_sequence, cols)
+    assert second.row_pooling_sequence.dtype == np.int64
+
+
 def test_nondeterministic_draws_fresh_seeds_every_call():
     x = np.zeros((1, 40, 40, 1), F32)
     seen = {tuple(raw.FractionalAvgPool(value=x, pooling_ratio=[1.0, 1.5, 1.5, 1.0])
