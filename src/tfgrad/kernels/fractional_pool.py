@@ -414,10 +414,11 @@ of the row cell before its first one (needed for overlapping boundary rows)."""
 
 
 @numba.njit(inline="always")
-def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot, pf):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
     """codes[slot + c*D + d] = row-major position (as T) in cell (r, c) of its first
     maximum, replaying TF's scan (best = first element; best = v if best < v); False if
-    a replayed maximum differs from orig_output (TF's tensor_out_dup check)."""
+    a replayed maximum differs from orig_output (TF's tensor_out_dup check). With
+    ``pf``, prefetches the input lines that row cell r + 1 adds."""
     mr, mc = rs.size, cs.size
     WD = W * D
     ok = True
@@ -425,6 +426,11 @@ def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot):  # typ
     for c in range(mc):
         nw = ce[c] - cs[c] + 1
         k0 = (b * H + rs[r]) * WD + cs[c] * D
+        if pf and r + 1 < mr:
+            for h in range(re[r] + 1, re[r + 1] + 1):
+                k = (b * H + h) * WD + cs[c] * D
+                for q in range(0, nw * D, L):
+                    prefetch(xf, k + q)
         yo = ((b * mr + r) * mc + c) * D
         for d in range(0, D, L):
             best = vload(xf, k0 + d)
@@ -451,8 +457,8 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     vectors: each task takes up to _ROWS_PER_TASK row cells of one image, finds each
     cell's argmax codes (as T, exact: cells have < 2**24 elements) into a two-row
     buffer, and then gathers, per input element of the rows it owns, the g of the cells
-    whose argmax it is, in TF's order. No output-sized argmax array; non-temporal stores
-    when ``stream``."""
+    whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
+    non-temporal stores and a prefetch of the next row cell's input lines."""
     put = _store(stream)
 
     @numba.njit(inline="always")
@@ -475,11 +481,11 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
             codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
             if r_lo > 0 and r_first[own_lo[r_lo]] < r_lo:
                 _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
-                              (r_lo - 1) % 2 * mc * D)
+                              (r_lo - 1) % 2 * mc * D, False)
             zero = vzeros(gf)
             for r in range(r_lo, r_hi):
                 if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
-                                     r % 2 * mc * D):
+                                     r % 2 * mc * D, stream):
                     bad[t] = True
                 for h in range(own_lo[r], own_hi[r] + 1):
                     r0, r1 = r_first[h], r_last[h]
