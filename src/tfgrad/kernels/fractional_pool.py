@@ -544,23 +544,23 @@ def _covering(starts: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray,
     return first, last, own_lo, own_hi
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """np.empty on a 64-byte (cache-line) boundary, for non-temporal stores."""
+def _whole_lines(depth: int, dtype: np.dtype) -> bool:
+    """Whether a pixel's channels are whole 64-byte lines (whole vectors)."""
+    return depth * dtype.itemsize % 64 == 0
+
+
+def _output(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, bool]:
+    """An uninitialised output, and whether the kernels should stream it (non-temporal
+    stores, next-row prefetch): only outputs too big to stay in the caches anyway, of
+    whole-line pixels, which are then allocated on a 64-byte boundary."""
     nbytes = int(np.prod(shape)) * dtype.itemsize
+    if not (_whole_lines(shape[-1], dtype) and nbytes >= _STREAM_MIN_BYTES):
+        return np.empty(shape, dtype), False
     buf = np.empty(nbytes + 64, np.uint8)
     off = -buf.ctypes.data % 64
-    return buf[off:off + nbytes].view(dtype).reshape(shape)
-
-
-def _lanes(dtype: np.dtype) -> int:
-    return 64 // dtype.itemsize
-
-
-def _streams(shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """Whether an output of this shape is written with non-temporal stores: only one too
-    big to stay in the caches anyway, and whose pixels are whole 64-byte lines."""
-    return (shape[-1] * dtype.itemsize % 64 == 0
-            and int(np.prod(shape)) * dtype.itemsize >= _STREAM_MIN_BYTES)
+    out = buf[off:off + nbytes].view(dtype).reshape(shape)
+    assert out.ctypes.data % 64 == 0  # a misaligned movnt faults
+    return out, True
 
 
 def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
@@ -568,9 +568,7 @@ def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
     counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
     with _threads(x.size):
         if x.dtype.kind == "f":
-            stream = _streams(shape, x.dtype)
-            out = _aligned_empty(shape, x.dtype) if stream else np.empty(shape, x.dtype)
-            assert not stream or out.ctypes.data % 64 == 0  # a misaligned movnt faults
+            out, stream = _output(shape, x.dtype)
             _POOL_VEC[is_max, stream](x, rs, re, cs, ce, lowest, counts, out)
         elif is_max:
             out = np.empty(shape, x.dtype)
@@ -607,12 +605,10 @@ def max_pool_grad(x: np.ndarray, y: np.ndarray, g: np.ndarray, rs, re, cs,
     r_first, r_last, own_lo, own_hi = _covering(rs, re, x.shape[1])
     zero = g.dtype.type(0)
     cell = int((re - rs).max() + 1) * int((ce - cs).max() + 1) if rs.size and cs.size else 0
-    if (x.dtype.kind == "f" and x.shape[3] % _lanes(x.dtype) == 0
+    if (x.dtype.kind == "f" and _whole_lines(x.shape[3], x.dtype)
             and cell < 2 ** (np.finfo(x.dtype).nmant + 1)):  # codes exact in T
         c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
-        stream = _streams(x.shape, x.dtype)
-        out = _aligned_empty(x.shape, x.dtype) if stream else np.empty(x.shape, x.dtype)
-        assert not stream or out.ctypes.data % 64 == 0  # a misaligned movnt faults
+        out, stream = _output(x.shape, x.dtype)
         with _threads(x.size):
             ok = _MAX_GRAD_VEC[stream](x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first,
                                        r_last, c_first, c_last, out)
