@@ -267,6 +267,44 @@ def test_parallel_kernels_equal_reference(fmt, training):
         oracle.assert_outputs(op, kern, ref, what="parallel kernel vs reference")
 
 
+def _nhwc_kernel_vs_reference(shape, seed, training):
+    rng = np.random.default_rng(seed)
+    c = shape[-1]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(F32)
+    dy = rng.standard_normal(shape).astype(F32)
+    # specials reach every lane position: NaN, +-inf and -0 must travel as TF's do
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -0.0]
+    vec = [rng.standard_normal(c).astype(F32) for _ in range(3)]
+    var = (rng.random(c) + 0.1).astype(F32)
+    calls = [("FusedBatchNormV3", dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2],
+                                       variance=var, exponential_avg_factor=0.5,
+                                       is_training=training)),
+             ("FusedBatchNormGradV3", dict(y_backprop=dy, x=x, scale=vec[0],
+                                           reserve_space_1=vec[2], reserve_space_2=var,
+                                           reserve_space_3=E, is_training=training))]
+    for op, kw in calls:
+        kern = getattr(raw, op)(**kw)
+        with tfgrad.use_impl("reference"):
+            ref = getattr(raw, op)(**kw)
+        oracle.assert_outputs(op, kern, ref, what=f"vector kernel vs reference {shape}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.sampled_from([1, 3, 15, 16, 17, 19, 64, 299, 1001, 4099]),
+       vectors=st.integers(1, 9), training=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_nhwc_vector_kernels_equal_reference(rows, vectors, training, seed):
+    # C a multiple of 16 takes the register-blocked NHWC kernels: blocks of one to four
+    # channel vectors, the four-accumulator order from 16 rows, prefetch near the end,
+    # the threaded kernels from 65536 elements.
+    _nhwc_kernel_vs_reference((1, rows, 1, 16 * vectors), seed, training)
+
+
+def test_nhwc_vector_kernels_streaming_output():
+    # Outputs of 4 MiB or more are written with non-temporal stores.
+    _nhwc_kernel_vs_reference((2, 64, 66, 128), 3, True)
+
+
 # --------------------------------------------------------------------------------------
 # Finite differences: the gradient against the forward, in float64
 # --------------------------------------------------------------------------------------
@@ -337,10 +375,11 @@ _DETERMINISM = textwrap.dedent("""
     import tfgrad
     rng = np.random.default_rng(0)
     h = hashlib.sha256()
-    for fmt, shape in (("NHWC", (4, 16, 16, 70)), ("NCHW", (4, 70, 16, 16))):
+    for fmt, shape in (("NHWC", (4, 16, 16, 70)), ("NCHW", (4, 70, 16, 16)),
+                       ("NHWC", (4, 16, 16, 80))):  # C % 16 == 0: the vector kernels
         x = rng.standard_normal(shape).astype(np.float32)
         dy = rng.standard_normal(shape).astype(np.float32)
-        c = 70
+        c = shape[-1] if fmt == "NHWC" else shape[1]
         s = rng.standard_normal(c).astype(np.float32)
         f = tfgrad.raw_ops.FusedBatchNormV3(x=x, scale=s, offset=s, mean=s, variance=s * s,
                                             exponential_avg_factor=0.5, data_format=fmt)

@@ -12,6 +12,7 @@ The loads and stores are unchecked and unaligned: callers keep ``i + lanes <= si
 
 from __future__ import annotations
 
+import numba
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -125,6 +126,20 @@ def vstore_nt(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     return types.none(arr, i, v), codegen
 
 
+def store_fn(stream: bool):  # type: ignore[no-untyped-def]
+    """``put(arr, i, v)``: vstore, or vstore_nt when ``stream`` (fixed when a kernel
+    factory builds its kernel, so each variant compiles only its own store)."""
+
+    @numba.njit(inline="always")
+    def put(arr, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        if stream:
+            vstore_nt(arr, i, v)
+        else:
+            vstore(arr, i, v)
+
+    return put
+
+
 @intrinsic
 def vfull(typingctx, arr, value):  # type: ignore[no-untyped-def]
     """A vector of ``value`` (converted to arr's dtype) in every lane."""
@@ -158,6 +173,9 @@ def _binary(name, doc, emit):  # type: ignore[no-untyped-def]
 
 
 vadd = _binary("vadd", "a + b per lane.", lambda bd, a, b: bd.fadd(a, b))
+vsub = _binary("vsub", "a - b per lane.", lambda bd, a, b: bd.fsub(a, b))
+vmul = _binary("vmul", "a * b per lane (rounded; never fused with a later add).",
+               lambda bd, a, b: bd.fmul(a, b))
 vdiv = _binary("vdiv", "a / b per lane.", lambda bd, a, b: bd.fdiv(a, b))
 vmax_keep = _binary(
     "vmax_keep", "b where a < b, else a, per lane: a running maximum that a NaN never "
@@ -230,5 +248,6 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     return types.none(arr, i), codegen
 
 
-__all__ = ["Vec", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull", "vload",
-           "vmax_keep", "vmuladd", "vstore", "vstore_nt", "vwhere_eq", "vwhere_lt", "vzeros"]
+__all__ = ["Vec", "nlanes", "prefetch", "store_fn", "vadd", "vany_ne", "vdiv", "vfull", "vload",
+           "vmax_keep", "vmul", "vmuladd", "vstore", "vstore_nt", "vsub", "vwhere_eq",
+           "vwhere_lt", "vzeros"]

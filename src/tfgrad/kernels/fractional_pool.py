@@ -18,6 +18,7 @@ from numba import prange
 from ._simd import (
     nlanes,
     prefetch,
+    store_fn,
     vadd,
     vany_ne,
     vdiv,
@@ -25,7 +26,6 @@ from ._simd import (
     vload,
     vmax_keep,
     vstore,
-    vstore_nt,
     vwhere_eq,
     vwhere_lt,
     vzeros,
@@ -147,19 +147,6 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
                 of[ob + d] = q
 
 
-def _store(stream: bool):  # type: ignore[no-untyped-def]
-    """vstore, or vstore_nt when streaming."""
-
-    @numba.njit(inline="always")
-    def put(of, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        if stream:
-            vstore_nt(of, i, v)
-        else:
-            vstore(of, i, v)
-
-    return put
-
-
 def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     """_max_pool / _avg_pool for float32/float64, register-blocked: a cell's running
     maxima (or sums, rounded to T after every add as TF's) for eight channel vectors stay
@@ -175,7 +162,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     def acc(a, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         return vmax_keep(a, v) if is_max else vadd(a, v)
 
-    put = _store(stream)
+    put = store_fn(stream)
 
     @numba.njit(parallel=True, cache=True)
     def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -459,7 +446,7 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     buffer, and then gathers, per input element of the rows it owns, the g of the cells
     whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
     non-temporal stores and a prefetch of the next row cell's input lines."""
-    put = _store(stream)
+    put = store_fn(stream)
 
     @numba.njit(inline="always")
     def pick(codes, s, i, pos, gf, j, zero):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
