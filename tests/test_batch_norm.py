@@ -267,9 +267,9 @@ def test_parallel_kernels_equal_reference(fmt, training):
         oracle.assert_outputs(op, kern, ref, what="parallel kernel vs reference")
 
 
-def _nhwc_kernel_vs_reference(shape, seed, training):
+def _kernel_vs_reference(shape, seed, training, fmt="NHWC"):
     rng = np.random.default_rng(seed)
-    c = shape[-1]
+    c = shape[-1] if fmt == "NHWC" else shape[1]
     x = (rng.standard_normal(shape) * 2 + 1).astype(F32)
     dy = rng.standard_normal(shape).astype(F32)
     # specials reach every lane position: NaN, +-inf and -0 must travel as TF's do
@@ -279,15 +279,16 @@ def _nhwc_kernel_vs_reference(shape, seed, training):
     var = (rng.random(c) + 0.1).astype(F32)
     calls = [("FusedBatchNormV3", dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2],
                                        variance=var, exponential_avg_factor=0.5,
-                                       is_training=training)),
+                                       data_format=fmt, is_training=training)),
              ("FusedBatchNormGradV3", dict(y_backprop=dy, x=x, scale=vec[0],
                                            reserve_space_1=vec[2], reserve_space_2=var,
-                                           reserve_space_3=E, is_training=training))]
+                                           reserve_space_3=E, data_format=fmt,
+                                           is_training=training))]
     for op, kw in calls:
         kern = getattr(raw, op)(**kw)
         with tfgrad.use_impl("reference"):
             ref = getattr(raw, op)(**kw)
-        oracle.assert_outputs(op, kern, ref, what=f"vector kernel vs reference {shape}")
+        oracle.assert_outputs(op, kern, ref, what=f"vector kernel vs reference {shape} {fmt}")
 
 
 @settings(max_examples=25, deadline=None)
@@ -297,12 +298,16 @@ def test_nhwc_vector_kernels_equal_reference(rows, vectors, training, seed):
     # C a multiple of 16 takes the register-blocked NHWC kernels: blocks of one to four
     # channel vectors, the four-accumulator order from 16 rows, prefetch near the end,
     # the threaded kernels from 65536 elements.
-    _nhwc_kernel_vs_reference((1, rows, 1, 16 * vectors), seed, training)
+    _kernel_vs_reference((1, rows, 1, 16 * vectors), seed, training)
 
 
-def test_nhwc_vector_kernels_streaming_output():
-    # Outputs of 4 MiB or more are written with non-temporal stores.
-    _nhwc_kernel_vs_reference((2, 64, 66, 128), 3, True)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("fmt, shape", [("NHWC", (2, 64, 66, 128)),
+                                        ("NCHW", (2, 64, 90, 91))])
+def test_streaming_outputs(fmt, shape, training):
+    # Outputs of 4 MiB or more are written with non-temporal stores; NCHW spans of
+    # H*W = 8190 values start and end off the vector grid (single values around).
+    _kernel_vs_reference(shape, 3, training, fmt)
 
 
 # --------------------------------------------------------------------------------------

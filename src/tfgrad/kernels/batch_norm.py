@@ -27,7 +27,8 @@ are parallel over anything. Passes over the data:
   with software prefetch and non-temporal output stores (section "NHWC with C a
   multiple of 16"); other C take the scalar-loop kernels.
 - NCHW: two channels (forward) or four (gradient, 12 independent add chains) at a time,
-  their sums then the write pass while their values are in cache.
+  their sums then the write pass while their values are in cache; the write pass in
+  whole vectors (``_span``), non-temporal for large outputs.
 
 No temporary the size of x is allocated for float32; float16 / bfloat16 inputs are
 converted to a float32 copy (Numba has no half types). Problems under 65536 elements run
@@ -45,7 +46,18 @@ from numba import prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._simd import prefetch, store_fn, vadd, vfull, vload, vmul, vstore, vsub, vzeros
+from ._simd import (
+    prefetch,
+    store_fn,
+    vadd,
+    vfull,
+    vload,
+    vmul,
+    vstore,
+    vstore_nt,
+    vsub,
+    vzeros,
+)
 
 _F32 = np.float32
 _SLOT = 256  # most channels per NHWC column-sum block (buffer slot size)
@@ -329,7 +341,7 @@ def _eigen_sum_nchw(x: np.ndarray, N: int, C: int, S: int, c: int, nc: int, four
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: np.ndarray,
               mean: np.ndarray, var: np.ndarray, eps: np.float32, training: bool,
-              y: np.ndarray) -> None:
+              y: np.ndarray, stream: bool) -> None:
     """NCHW forward, two channels at a time (their N*S values stay in cache): sums, then
     y. Pairs (2i, 2i+1) never straddle 8*(C//8), so both use the same summation order."""
     R = N * S
@@ -356,12 +368,9 @@ def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: 
             c = c0 + t
             sf = _rsqrt_channel(var[c] + eps, c < k8) * scale[c]
             off = offset[c]
-            mc = m[t]
             for n in range(N):
-                b = uint64((n * C + c) * S)
-                for q in range(S):
-                    i = b + uint64(q)
-                    y[i] = (x[i] - mc) * sf + off
+                b = (n * C + c) * S
+                _span(0, x, x, y, b, b + S, m[t], sf, off, m[t], stream)
 
 
 # --------------------------------------------------------------------------------------
@@ -519,7 +528,8 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray, c0d: np.ndarray,
-               training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray) -> None:
+               training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
+               stream: bool) -> None:
     """NCHW gradient in groups of 4 channels: the sums (rows j = n*S + s in sequence, per
     channel), then dx while the group's values are in cache."""
     R = N * S
@@ -544,18 +554,14 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                 f2 = (c0d[c] * c0d[c]) * (sums[3 * t + 2] / _F32(R))
                 f3 = sums[3 * t + 1] * inv
                 for n in range(N):
-                    b = uint64((n * C + c) * S)
-                    for q in range(S):
-                        i = b + uint64(q)
-                        dx[i] = f1 * ((dy[i] - f3) - (x[i] - m) * f2)
+                    b = (n * C + c) * S
+                    _span(1, dy, x, dx, b, b + S, f1, f2, f3, m, stream)
             else:
                 sb[c] = sums[3 * t + 2] * c0d[c]
                 f1 = c0d[c] * scale[c]
                 for n in range(N):
-                    b = uint64((n * C + c) * S)
-                    for q in range(S):
-                        i = b + uint64(q)
-                        dx[i] = dy[i] * f1
+                    b = (n * C + c) * S
+                    _span(2, dy, x, dx, b, b + S, f1, f1, f1, f1, stream)
 
 
 # --------------------------------------------------------------------------------------
@@ -680,8 +686,8 @@ def _stats_nhwc_vec(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
 
 def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no-untyped-def]
     """The elementwise pass on flat [R, C], C % 16 == 0, in parallel over row blocks:
-    y = (x - a) * b + c (forward), dx = a * ((dy - c) - (x - m) * b)
-    (training gradient) or dx = dy * a (``b`` empty: frozen statistics). a, b, c, m carry
+    y = (x - a) * b + c (forward) or dx = a * ((dy - c) - (x - m) * b) (training
+    gradient; with frozen statistics dx is written by the sums pass). a, b, c, m carry
     4 * _L slack entries. With ``stream`` the output (64-byte aligned) is written with
     non-temporal stores. ``parallel=False``: the single-threaded twin (see _pick)."""
 
@@ -689,7 +695,6 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
 
     def rows(dy, x, R, C, a, b, c, m, out):  # type: ignore[no-untyped-def]
         nblk = (R + _ROWS - 1) // _ROWS
-        frozen = b.shape[0] == 0
         for blk in prange(nblk):
             for j in range(blk * _ROWS, min(R, blk * _ROWS + _ROWS)):
                 base = uint64(j) * uint64(C)
@@ -699,8 +704,6 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
                     if not grad:
                         put(out, i, vadd(vmul(vsub(vload(x, i), vload(a, q)), vload(b, q)),
                                          vload(c, q)))
-                    elif frozen:
-                        put(out, i, vmul(vload(dy, i), vload(a, q)))
                     else:
                         xc = vmul(vsub(vload(x, i), vload(m, q)), vload(b, q))
                         put(out, i, vmul(vload(a, q), vsub(vsub(vload(dy, i), vload(c, q)),
@@ -713,17 +716,57 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
     return numba.njit(parallel=parallel, cache=True, error_model="numpy")(rows)
 
 
+@numba.njit(inline="always", error_model="numpy")
+def _span(kind, dy, x, out, s, e, a, b, c, m, stream):  # type: ignore[no-untyped-def]
+    """The elementwise pass over one contiguous NCHW span out[s:e] with one channel's
+    scalars: kind 0 y = (x - a) * b + c, kind 1 dx = a * ((dy - c) - (x - m) * b), kind 2
+    dx = dy * a. Whole vectors from the first index that is a multiple of _L (out is
+    64-byte aligned when ``stream``: non-temporal stores there), single values around."""
+    va, vb, vc, vm = vfull(x, a), vfull(x, b), vfull(x, c), vfull(x, m)
+    v0 = min(e, -(-s // _L) * _L)
+    v1 = v0 + (e - v0) // _L * _L
+    for i in range(s, v0):
+        out[i] = _span1(kind, dy[i], x[i], a, b, c, m)
+    for i in range(v0, v1, _L):
+        q = uint64(i)
+        if kind == 0:
+            v = vadd(vmul(vsub(vload(x, q), va), vb), vc)
+        elif kind == 1:
+            v = vmul(va, vsub(vsub(vload(dy, q), vc), vmul(vsub(vload(x, q), vm), vb)))
+        else:
+            v = vmul(vload(dy, q), va)
+        if stream:
+            vstore_nt(out, q, v)
+        else:
+            vstore(out, q, v)
+    for i in range(v1, e):
+        out[i] = _span1(kind, dy[i], x[i], a, b, c, m)
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _span1(kind, g, v, a, b, c, m):  # type: ignore[no-untyped-def]
+    if kind == 0:
+        return (v - a) * b + c
+    if kind == 1:
+        return a * ((g - c) - (v - m) * b)
+    return g * a
+
+
 _ROWS_VEC = {(g, s, p): _make_rows_vec(g, s, p)
              for g in (False, True) for s in (False, True) for p in (False, True)}
 _STREAM_MIN_BYTES = 4 << 20
 """Outputs this big are written with non-temporal stores (see the section comment)."""
 
 
+def _streams(out: np.ndarray) -> bool:
+    """Whether ``out`` (from _aligned_empty) is written with non-temporal stores."""
+    return out.nbytes >= _STREAM_MIN_BYTES and out.ctypes.data % 64 == 0
+
+
 def _rows_vec(grad: bool, size: int, *args: object) -> None:
     """Run the elementwise pass (args end with the output, whose alignment and size
     decide streaming) threaded or not as _pick decides for other kernels."""
-    out = args[-1]
-    stream = out.nbytes >= _STREAM_MIN_BYTES and out.ctypes.data % 64 == 0  # type: ignore
+    stream = _streams(args[-1])  # type: ignore[arg-type]
     parallel = size >= _SERIAL_BELOW and numba.get_num_threads() > 1
     kernel = _ROWS_VEC[grad, stream, parallel]
     (_dynamic(kernel) if parallel else kernel)(*args)
@@ -737,29 +780,34 @@ def _aligned_empty(n: int) -> np.ndarray:
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _grad_row(dy, x, i, m, kc, training, sb, ob, sx):  # type: ignore[no-untyped-def]
+def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx):  # type: ignore[no-untyped-def]
+    """One channel vector of one row: the sums; with frozen statistics also dx = dy * kc
+    (x_backprop needs no sum then, so it is written in the same pass)."""
     g = vload(dy, i)
     xc = vsub(vload(x, i), m)
     if training:
         sb = vadd(sb, vmul(g, vmul(xc, kc)))
+    else:
+        vstore(dx, i, vmul(g, kc))
     return sb, vadd(ob, g), vadd(sx, vmul(g, xc))
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
-                        mean: np.ndarray, c0s: np.ndarray, training: bool,
-                        sums: np.ndarray) -> None:
+                        mean: np.ndarray, kc: np.ndarray, training: bool,
+                        sums: np.ndarray, dx: np.ndarray) -> None:
     """_grad_sums_nhwc for C % 16 == 0, same order (rows in sequence; partial sums over
     row blocks of ``rb`` added in order), the accumulators of up to four channel vectors
-    (cb <= 64) in registers. sums is flat [3, C + 4 * _L]; mean and c0s have 4 * _L
-    slack entries."""
+    (cb <= 64) in registers. ``kc``: rsqrt(var + eps) when training, else the x_backprop
+    factor, and dx = dy * kc is written on the way. sums is flat [3, C + 4 * _L]; mean and
+    kc have 4 * _L slack entries."""
     cc = uint64(C)
     st = uint64(C + 4 * _L)
     for blk in prange((C + cb - 1) // cb):
         c0 = blk * cb
         nv = min(cb, C - c0) // _L
         ms = _load4(mean, c0)
-        ks = _load4(c0s, c0)
+        ks = _load4(kc, c0)
         z = vzeros(x)
         tot = np.zeros(12 * _L, np.float32)
         for seg in range(0, R, rb):
@@ -770,16 +818,20 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
                     f = i + uint64(_PF) * cc
                     _prefetch_row(dy, f, nv)
                     _prefetch_row(x, f, nv)
-                a0, b0, d0 = _grad_row(dy, x, i, ms[0], ks[0], training, a0, b0, d0)
+                a0, b0, d0 = _grad_row(dy, x, i, ms[0], ks[0], training, a0, b0, d0,
+                                        dx)
                 if nv > 1:
                     i1 = i + uint64(_L)
-                    a1, b1, d1 = _grad_row(dy, x, i1, ms[1], ks[1], training, a1, b1, d1)
+                    a1, b1, d1 = _grad_row(dy, x, i1, ms[1], ks[1], training, a1, b1, d1,
+                                        dx)
                 if nv > 2:
                     i2 = i + uint64(2 * _L)
-                    a2, b2, d2 = _grad_row(dy, x, i2, ms[2], ks[2], training, a2, b2, d2)
+                    a2, b2, d2 = _grad_row(dy, x, i2, ms[2], ks[2], training, a2, b2, d2,
+                                        dx)
                 if nv > 3:
                     i3 = i + uint64(3 * _L)
-                    a3, b3, d3 = _grad_row(dy, x, i3, ms[3], ks[3], training, a3, b3, d3)
+                    a3, b3, d3 = _grad_row(dy, x, i3, ms[3], ks[3], training, a3, b3, d3,
+                                        dx)
             part = (a0, b0, d0, a1, b1, d1, a2, b2, d2, a3, b3, d3)
             for k in range(12):
                 q = uint64(k * _L)
@@ -861,7 +913,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
     R = N * S
     xf = _f32_flat(x)
     vec = channel_last and C % _L == 0
-    yf = _aligned_empty(xf.size) if vec else np.empty(xf.size, np.float32)
+    yf = _aligned_empty(xf.size)
     # Small vectors are always fresh writable copies: one compiled specialization.
     m = np.empty(C, np.float32) if is_training else np.array(mean, np.float32).reshape(-1)
     v = np.empty(C, np.float32) if is_training else np.array(variance, np.float32).reshape(-1)
@@ -882,7 +934,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
         sf = eigen_rsqrt(v + np.float32(eps), max(C, 1)) * args[0]
         _pick(_affine_rows, xf.size, R)(xf, R, C, m, sf, args[1], yf)
     else:
-        _pick(_fwd_nchw, xf.size, -(-C // 2))(xf, N, C, S, *args)
+        _pick(_fwd_nchw, xf.size, -(-C // 2))(xf, N, C, S, *args, _streams(yf))
     y = yf.reshape(x.shape)
     if x.dtype != np.float32:
         with np.errstate(over="ignore"):  # float16 overflows to inf, as TF's cast
@@ -915,19 +967,22 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     dyf = _f32_flat(dy)
     xf = _f32_flat(x)
     vec = channel_last and C % _L == 0
-    dxf = _aligned_empty(xf.size) if vec else np.empty(xf.size, np.float32)
+    dxf = _aligned_empty(xf.size)
     sb = np.empty(C, np.float32)
     ob = np.empty(C, np.float32)
     args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
     if not channel_last:
-        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, *args)
+        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, *args,
+                                               _streams(dxf))
     else:
         if vec:
             cb = _channel_block(C, _VEC_BLOCK)
             sp = np.empty((3, C + 4 * _L), np.float32)
+            # with frozen statistics dx = dy * (rsqrt(var + eps) * scale) in this pass
+            kc = c0s if is_training else c0d * args[0]
             _pick(_grad_sums_nhwc_vec, xf.size, -(-C // cb))(
-                dyf, xf, R, C, cb, row_block, _padded(args[1]), _padded(c0s),
-                bool(is_training), sp.reshape(-1))
+                dyf, xf, R, C, cb, row_block, _padded(args[1]), _padded(kc),
+                bool(is_training), sp.reshape(-1), dxf)
             sums = sp[:, :C]
         else:
             sums = np.empty((3, C), np.float32)
@@ -946,10 +1001,9 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
                 f1 = c0d * args[0]
                 f2 = f3 = f1
         if vec:
-            frozen = np.zeros(0, np.float32)
-            _rows_vec(True, xf.size, dyf, xf, R, C, _padded(f1),
-                      _padded(f2) if is_training else frozen, _padded(f3), _padded(args[1]),
-                      dxf)
+            if is_training:
+                _rows_vec(True, xf.size, dyf, xf, R, C, _padded(f1), _padded(f2), _padded(f3),
+                          _padded(args[1]), dxf)
         else:
             _pick(_dx_rows, xf.size, R)(dyf, xf, R, C, f1, f2, f3, args[1],
                                         bool(is_training), dxf)
