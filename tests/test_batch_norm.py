@@ -310,6 +310,16 @@ def test_streaming_outputs(fmt, shape, training):
     _kernel_vs_reference(shape, 3, training, fmt)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_nchw_grad_sums_with_tf_thread_split_mid_image(training, monkeypatch):
+    # TF's two-thread order sums the rows in two blocks; here the second starts inside
+    # an image, off any 16-position boundary (the NCHW kernels walk rows image by image).
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", "2")
+    rows = bn.redux_row_block(3 * 90 * 91, 16, 4, 2)
+    assert rows < 3 * 90 * 91 and rows % (90 * 91) % 16 != 0
+    _kernel_vs_reference((3, 16, 90, 91), 5, training, "NCHW")
+
+
 # --------------------------------------------------------------------------------------
 # Finite differences: the gradient against the forward, in float64
 # --------------------------------------------------------------------------------------
