@@ -246,35 +246,20 @@ def test_kernel_equals_reference(params):
 @pytest.mark.parametrize("training", [True, False])
 def test_parallel_kernels_equal_reference(fmt, training):
     # Above the size where the kernels switch from their single-threaded twins.
-    rng = np.random.default_rng(7)
     shape = (3, 20, 20, 70) if fmt == "NHWC" else (3, 70, 20, 20)
-    x = (rng.standard_normal(shape) * 2 + 1).astype(F32)
-    dy = rng.standard_normal(shape).astype(F32)
-    c = 70
-    vec = [rng.standard_normal(c).astype(F32) for _ in range(3)]
-    var = (rng.random(c) + 0.1).astype(F32)
-    calls = [("FusedBatchNormV3", dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2],
-                                       variance=var, exponential_avg_factor=0.5,
-                                       data_format=fmt, is_training=training)),
-             ("FusedBatchNormGradV3", dict(y_backprop=dy, x=x, scale=vec[0],
-                                           reserve_space_1=vec[2], reserve_space_2=var,
-                                           reserve_space_3=E, data_format=fmt,
-                                           is_training=training))]
-    for op, kw in calls:
-        kern = getattr(raw, op)(**kw)
-        with tfgrad.use_impl("reference"):
-            ref = getattr(raw, op)(**kw)
-        oracle.assert_outputs(op, kern, ref, what="parallel kernel vs reference")
+    _kernel_vs_reference(shape, 7, training, fmt, specials=False)
 
 
-def _kernel_vs_reference(shape, seed, training, fmt="NHWC"):
+def _kernel_vs_reference(shape, seed, training, fmt="NHWC", specials=True):
+    """FusedBatchNormV3 and its gradient, kernel against NumPy reference, bit for bit."""
     rng = np.random.default_rng(seed)
     c = shape[-1] if fmt == "NHWC" else shape[1]
     x = (rng.standard_normal(shape) * 2 + 1).astype(F32)
     dy = rng.standard_normal(shape).astype(F32)
     # specials reach every lane position: NaN, +-inf and -0 must travel as TF's do
-    flat = x.reshape(-1)
-    flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -0.0]
+    if specials:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -0.0]
     vec = [rng.standard_normal(c).astype(F32) for _ in range(3)]
     var = (rng.random(c) + 0.1).astype(F32)
     calls = [("FusedBatchNormV3", dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2],
@@ -288,7 +273,7 @@ def _kernel_vs_reference(shape, seed, training, fmt="NHWC"):
         kern = getattr(raw, op)(**kw)
         with tfgrad.use_impl("reference"):
             ref = getattr(raw, op)(**kw)
-        oracle.assert_outputs(op, kern, ref, what=f"vector kernel vs reference {shape} {fmt}")
+        oracle.assert_outputs(op, kern, ref, what=f"kernel vs reference {shape} {fmt}")
 
 
 @settings(max_examples=25, deadline=None)
