@@ -34,7 +34,7 @@ BF = raw.DepthwiseConv2dNativeBackpropFilter
 @st.composite
 def problems(draw, max_hw: int = 9):  # type: ignore[no-untyped-def]
     """(x, w, g shapes in data_format order, attrs) for a valid convolution."""
-    N = draw(st.integers(1, 2))
+    N = draw(st.integers(1, 3))  # three images: a batch-order sum beyond one addition
     C = draw(st.integers(1, 3))
     M = draw(st.sampled_from([1, 2, 3, 8, 9]))
     fh, fw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
@@ -109,7 +109,8 @@ def test_kernel_equals_reference(prob, dtype, seed):
 @st.composite
 def blocked_problems(draw):  # type: ignore[no-untyped-def]
     """Problems for the register-blocked kernels: their filter sizes, lane counts that
-    leave a partial vector, rows wide enough for 4-pixel blocks beside border pixels."""
+    leave a partial vector, rows wide enough for 4-pixel blocks beside border pixels; N up
+    to 3 so that BackpropFilter's per-image kernel (N >= thread count) runs too."""
     f = draw(st.sampled_from(sorted({k[0] for k in K._VEC_SIZES})))
     C, M = draw(st.integers(1, 40)), draw(st.sampled_from([1, 1, 2, 3]))
     s, d = draw(st.integers(1, 3)), draw(st.integers(1, 2))
@@ -120,14 +121,15 @@ def blocked_problems(draw):  # type: ignore[no-untyped-def]
     attrs: dict = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
     if padding == "EXPLICIT":
         attrs["explicit_paddings"] = [0, 0, *pads, 0, 0]
-    return (draw(st.integers(1, 2)), H, W, C), (f, f, C, M), attrs
+    return (draw(st.integers(1, 3)), H, W, C), (f, f, C, M), attrs
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(blocked_problems(), st.sampled_from(["float32", "float64"]), st.booleans(),
        st.integers(0, 2**32 - 1))
 def test_register_blocked_kernels_equal_reference(prob, dtype, special, seed):
-    """The register-blocked forward / BackpropInput (filter sizes in _VEC_SIZES) against
+    """The register-blocked forward / BackpropInput / BackpropFilter (filter sizes in
+    _VEC_SIZES; 7x7 takes BackpropFilter's three-filter-row groups 3 + 3 + 1) against
     the NumPy reference, bit for bit, with inf / NaN / -0 sprinkled in when `special`."""
     xs, ws, attrs = prob
     rng = np.random.default_rng(seed)

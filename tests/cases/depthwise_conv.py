@@ -73,7 +73,8 @@ def _cases(name: str, *, N: int = 2, H: int = 7, W: int = 6, C: int = 3, M: int 
            fh: int = 3, fw: int = 3, s: int = 1, padding: str = "SAME",
            pads: tuple[int, int, int, int] | None = None, dil: tuple[int, int] = (1, 1),
            nchw: bool = False, dtypes: tuple[str, ...] = ("f32",),
-           ops: tuple[str, ...] = (FWD, BI, BF), inf_filter: bool = False) -> list[Case]:
+           ops: tuple[str, ...] = (FWD, BI, BF), inf_filter: bool = False,
+           inf_grad: bool = False) -> list[Case]:
     oh, _ = window("", H, fh, s, dil[0], padding, pads[:2] if pads else (0, 0))
     ow, _ = window("", W, fw, s, dil[1], padding, pads[2:] if pads else (0, 0))
     kw_attrs = _attrs(s, padding, pads, dil, nchw)
@@ -93,6 +94,8 @@ def _cases(name: str, *, N: int = 2, H: int = 7, W: int = 6, C: int = 3, M: int 
                 if inf_filter and w.size:
                     w[0, 0, 0, 0] = np.inf  # 0 * inf = NaN on the padding / missed taps
                 g = rng.standard_normal(layout((N, oh, ow, C * M))).astype(dt)
+                if inf_grad:  # at a border column of channel 0: its padding taps get NaN
+                    g[0, 0, 0, 0] = np.inf
                 if op == FWD:
                     return {"input": x, "filter": w, **kw_attrs}
                 if op == BI:
@@ -138,6 +141,10 @@ CASES: list[Case] = [
     *_cases("m9_same", N=1, H=5, W=4, C=2, M=9, dtypes=("f32", "bf16")),
     *_cases("m17_s2", N=1, H=6, W=5, C=2, M=17, s=2, dtypes=("f32", "f64")),
     *_cases("large_filter_9x8", N=1, H=10, W=9, C=2, fh=9, fw=8, dtypes=("f32",)),
+    # BackpropFilter's per-image buffers summed in batch order in T (float32 for the
+    # halves), over more than two images; 20 channels leave a partial lane vector.
+    *_cases("batch6_3x3", N=6, H=6, W=9, C=20, ops=(BF,), dtypes=ALL4),
+    *_cases("batch5_4x4", N=5, H=6, W=7, C=3, fh=4, fw=4, ops=(BF,), dtypes=("f32", "bf16")),
     # Beyond TF's CPU kernel: NCHW and dilations (checked against the NHWC / explicitly
     # dilated equivalents that TF computes).
     *_cases("nchw_same_s2_m2", M=2, s=2, nchw=True, dtypes=("f32", "f16")),
@@ -162,6 +169,10 @@ CASES: list[Case] = [
     *_cases("inf_filter", s=2, inf_filter=True, ops=(FWD, BI)),
     *_cases("inf_filter_m9", H=5, W=6, M=9, s=2, inf_filter=True, ops=(BI,),
             dtypes=("f32", "f16")),
+    # An inf out_backprop value at a border column: NaN in its own channel's padding taps
+    # only, not in the other channels'.
+    *_cases("inf_grad_4x4", H=5, W=6, fh=4, fw=4, inf_grad=True, ops=(BF,)),
+    *_cases("inf_grad_3x3", H=5, W=6, inf_grad=True, ops=(BF,)),
 ]
 
 
