@@ -112,7 +112,8 @@ def blocked_problems(draw):  # type: ignore[no-untyped-def]
     leave a partial vector, rows wide enough for 4-pixel blocks beside border pixels; N up
     to 3 so that BackpropFilter's per-image kernel (N >= thread count) runs too."""
     f = draw(st.sampled_from(sorted({k[0] for k in K._VEC_SIZES})))
-    C, M = draw(st.integers(1, 40)), draw(st.sampled_from([1, 1, 2, 3]))
+    C = draw(st.one_of(st.integers(1, 40), st.sampled_from([8, 16, 32])))  # whole lines
+    M = draw(st.sampled_from([1, 1, 2, 3]))
     s, d = draw(st.integers(1, 3)), draw(st.integers(1, 2))
     padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
     pads = [draw(st.integers(0, 4)) for _ in range(4)]
@@ -124,13 +125,16 @@ def blocked_problems(draw):  # type: ignore[no-untyped-def]
     return (draw(st.integers(1, 3)), H, W, C), (f, f, C, M), attrs
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 @given(blocked_problems(), st.sampled_from(["float32", "float64"]), st.booleans(),
-       st.integers(0, 2**32 - 1))
-def test_register_blocked_kernels_equal_reference(prob, dtype, special, seed):
+       st.booleans(), st.integers(0, 2**32 - 1))
+def test_register_blocked_kernels_equal_reference(monkeypatch, prob, dtype, special, stream,
+                                                  seed):
     """The register-blocked forward / BackpropInput / BackpropFilter (filter sizes in
     _VEC_SIZES; 7x7 takes BackpropFilter's three-filter-row groups 3 + 3 + 1) against
-    the NumPy reference, bit for bit, with inf / NaN / -0 sprinkled in when `special`."""
+    the NumPy reference, bit for bit, with inf / NaN / -0 sprinkled in when `special`,
+    and the forward / BackpropInput outputs written with non-temporal stores when
+    `stream` (whole-line pixels only)."""
     xs, ws, attrs = prob
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(xs).astype(dtype)
@@ -143,7 +147,26 @@ def test_register_blocked_kernels_equal_reference(prob, dtype, special, seed):
     g = rng.standard_normal(y.shape).astype(dtype)
     if special:
         g.flat[rng.integers(0, g.size, 2)] = rng.choice([np.inf, np.nan, -0.0], 2)
-    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs}")
+    # stream: every output of whole-line pixels goes out with non-temporal stores.
+    monkeypatch.setattr(K, "_STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs} stream={stream}")
+
+
+@pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
+def test_streamed_outputs(monkeypatch, dtype, C):
+    """Outputs of whole-line pixels at or above _STREAM_MIN_BYTES take the non-temporal
+    variants of the forward and BackpropInput kernels (64-byte aligned), same bits."""
+    monkeypatch.setattr(K, "_STREAM_MIN_BYTES", 0)
+    rng = np.random.default_rng(C)
+    x = rng.standard_normal((2, 9, 13, C)).astype(dtype)
+    w = rng.standard_normal((3, 3, C, 1)).astype(dtype)
+    g = rng.standard_normal((2, 9, 13, C)).astype(dtype)
+    _kernel_equals_reference(x, w, g, {"padding": "SAME", "strides": [1, 1, 1, 1]}, dtype)
+    assert ("forward", 3, 3, True) in K._VEC_KERNELS
+    assert ("backprop_input", 3, 3, True) in K._VEC_KERNELS
+    with tfgrad.use_impl("kernel"):
+        assert FWD(input=x, filter=w, padding="SAME", strides=[1, 1, 1, 1]).ctypes.data % 64 == 0
+
 
 def test_finite_difference_gradients():
     """BackpropInput / BackpropFilter are the gradients of sum(g * forward) (float64)."""

@@ -13,6 +13,7 @@ The loads and stores are unchecked and unaligned: callers keep ``i + lanes <= si
 from __future__ import annotations
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -124,6 +125,34 @@ def vstore_nt(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return types.none(arr, i, v), codegen
+
+
+STREAM_MIN_BYTES = 4 << 20
+"""Outputs this big are written with non-temporal stores: they would mostly leave the
+caches before use anyway, and skipping the read-for-ownership saves a third of a
+copy-like op's memory traffic."""
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array on a 64-byte boundary (vstore_nt needs it)."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(nbytes + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def stream_output(shape: tuple[int, ...], dtype: np.dtype,
+                  min_bytes: int = STREAM_MIN_BYTES) -> tuple[np.ndarray, bool]:
+    """An uninitialised output and whether kernels should write it with vstore_nt: only
+    outputs of min_bytes or more whose last axis is whole 64-byte lines (so that every
+    vector a kernel stores at a multiple of the lane count is line-aligned)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if not (shape and shape[-1] * dtype.itemsize % 64 == 0 and nbytes >= min_bytes):
+        return np.empty(shape, dtype), False
+    out = aligned_empty(shape, dtype)
+    assert out.ctypes.data % 64 == 0  # a misaligned movnt faults
+    return out, True
 
 
 def store_fn(stream: bool):  # type: ignore[no-untyped-def]

@@ -47,6 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._simd import (
+    aligned_empty,
     prefetch,
     store_fn,
     vadd,
@@ -759,7 +760,7 @@ _STREAM_MIN_BYTES = 4 << 20
 
 
 def _streams(out: np.ndarray) -> bool:
-    """Whether ``out`` (from _aligned_empty) is written with non-temporal stores."""
+    """Whether ``out`` (from aligned_empty) is written with non-temporal stores."""
     return out.nbytes >= _STREAM_MIN_BYTES and out.ctypes.data % 64 == 0
 
 
@@ -770,13 +771,6 @@ def _rows_vec(grad: bool, size: int, *args: object) -> None:
     parallel = size >= _SERIAL_BELOW and numba.get_num_threads() > 1
     kernel = _ROWS_VEC[grad, stream, parallel]
     (_dynamic(kernel) if parallel else kernel)(*args)
-
-
-def _aligned_empty(n: int) -> np.ndarray:
-    """An uninitialised float32 [n] on a 64-byte boundary (non-temporal stores need it)."""
-    buf = np.empty(4 * n + 64, np.uint8)
-    off = -buf.ctypes.data % 64
-    return buf[off:off + 4 * n].view(np.float32)
 
 
 @numba.njit(inline="always", error_model="numpy")
@@ -913,7 +907,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
     R = N * S
     xf = _f32_flat(x)
     vec = channel_last and C % _L == 0
-    yf = _aligned_empty(xf.size)
+    yf = aligned_empty((xf.size,), np.dtype(np.float32))
     # Small vectors are always fresh writable copies: one compiled specialization.
     m = np.empty(C, np.float32) if is_training else np.array(mean, np.float32).reshape(-1)
     v = np.empty(C, np.float32) if is_training else np.array(variance, np.float32).reshape(-1)
@@ -967,7 +961,7 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     dyf = _f32_flat(dy)
     xf = _f32_flat(x)
     vec = channel_last and C % _L == 0
-    dxf = _aligned_empty(xf.size)
+    dxf = aligned_empty((xf.size,), np.dtype(np.float32))
     sb = np.empty(C, np.float32)
     ob = np.empty(C, np.float32)
     args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)

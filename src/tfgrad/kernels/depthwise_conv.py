@@ -29,7 +29,9 @@ BackpropFilter one holds the tap accumulators of up to three filter rows (21 vec
 registers over an output row, so each out_backprop vector is loaded once per three
 filter rows, and prefetches the next output row's lines (3x3 stride 1 on one thread:
 9.5 ms with the run kernel, 4.1 ms). Each element's arithmetic is the same as in the
-kernels above.
+kernels above. The forward and (M = 1) BackpropInput ones write outputs of 4 MiB or more
+whose pixels are whole 64-byte lines with non-temporal stores (``_simd.stream_output``):
+no read-for-ownership of lines that are only written, a third of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -56,7 +58,17 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from ._simd import nlanes, prefetch, vload, vmuladd, vstore, vzeros
+from ._simd import (
+    STREAM_MIN_BYTES,
+    nlanes,
+    prefetch,
+    stream_output,
+    vload,
+    vmuladd,
+    vstore,
+    vstore_nt,
+    vzeros,
+)
 
 if TYPE_CHECKING:
     from ..ops.depthwise_conv import Geometry
@@ -611,7 +623,8 @@ def _sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
 # the kernels above; the pixels whose taps fall partly outside take them one by one.
 
 _VEC_SIZES = frozenset({(1, 1), (2, 2), (3, 3), (5, 5), (7, 7)})  # (fw <= 7)
-_VEC_KERNELS: dict[tuple[str, int, int], object] = {}
+_VEC_KERNELS: dict[tuple[str, int, int, bool], object] = {}
+_STREAM_MIN_BYTES = STREAM_MIN_BYTES  # (tests lower it)
 _P = 4  # output pixels per register block
 
 
@@ -636,7 +649,16 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-d
 
 
 @njit(inline="always")
-def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P):  # type: ignore[no-untyped-def]  # noqa: E501
+def _put(a, i, v, stream):  # type: ignore[no-untyped-def]
+    """vstore, or vstore_nt when ``stream`` (a constant of the compiled kernel)."""
+    if stream:
+        vstore_nt(a, i, v)
+    else:
+        vstore(a, i, v)
+
+
+@njit(inline="always")
+def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
     """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside: pixel p's
     tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]."""
     for ch in range(0, CV, NL):
@@ -651,15 +673,15 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P):  # ty
                     v1 = vmuladd(v1, vload(src, a + ps), wv)
                     v2 = vmuladd(v2, vload(src, a + 2 * ps), wv)
                     v3 = vmuladd(v3, vload(src, a + 3 * ps), wv)
-        vstore(of, o + ch, v0)
+        _put(of, o + ch, v0, stream)
         if P > 1:
-            vstore(of, o + CM + ch, v1)
-            vstore(of, o + 2 * CM + ch, v2)
-            vstore(of, o + 3 * CM + ch, v3)
+            _put(of, o + CM + ch, v1, stream)
+            _put(of, o + 2 * CM + ch, v2, stream)
+            _put(of, o + 3 * CM + ch, v3, stream)
 
 
 @njit(inline="always")
-def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW):  # type: ignore[no-untyped-def]  # noqa: E501
+def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream):  # type: ignore[no-untyped-def]  # noqa: E501
     """_fwd_block for 4 pixels at stride 1, dilation 1: the 4 pixels' inputs for tap c
     are columns c..c+3, held in registers that slide by one column per tap, so each
     input vector is loaded once per filter row instead of up to 4 times."""
@@ -678,18 +700,19 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW):  # type: ig
                 if c + 1 < FW:
                     x0, x1, x2 = x1, x2, x3
                     x3 = vload(src, b + (c + 4) * CM)
-        vstore(of, o + ch, v0)
-        vstore(of, o + CM + ch, v1)
-        vstore(of, o + 2 * CM + ch, v2)
-        vstore(of, o + 3 * CM + ch, v3)
+        _put(of, o + ch, v0, stream)
+        _put(of, o + CM + ch, v1, stream)
+        _put(of, o + 2 * CM + ch, v2, stream)
+        _put(of, o + 3 * CM + ch, v3, stream)
 
 
-def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
     def kernel(x, w, out, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
-        lanes are contiguous."""
+        lanes are contiguous. ``stream``: the output's vectors go out with non-temporal
+        stores (whole-line pixels of a large output; see backprop_input / forward)."""
         N, H, W, C = x.shape
         oh, ow, CM = out.shape[1], out.shape[2], out.shape[3]
         M = CM // C
@@ -728,12 +751,13 @@ def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                             for e in range(0, (j1 - j) * sw * CM, 16):
                                 prefetch(xf, pa + e)
                     if j1 == j + 1:
-                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0, dw * CM, 1)
+                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0, dw * CM, 1,
+                                   stream)
                     elif sw == 1 and dw == 1:
-                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW)
+                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream)
                     else:
                         _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, sw * CM,
-                                   dw * CM, _P)
+                                   dw * CM, _P, stream)
                 else:  # one pixel; taps in the padding compute 0 * w
                     for ch in range(0, CV, NL):
                         v = vzeros(x)
@@ -745,7 +769,7 @@ def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                     v = vmuladd(v, vload(src, rowoff[r] + jj * CM + ch), wv)
                                 else:
                                     v = vmuladd(v, vzeros(x), wv)
-                        vstore(of, ob + j * CM + ch, v)
+                        _put(of, ob + j * CM + ch, v, stream)
                     j1 = j + 1
                 for jp in range(j, j1):  # lanes past the last full vector
                     for ch in range(CV, CM):
@@ -763,7 +787,7 @@ def _make_forward_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     return kernel
 
 
-def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
     def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, t0, t1):  # type: ignore[no-untyped-def]
         """BackpropInput for a finite filter (a tap that meets no out_backprop value adds
@@ -823,10 +847,10 @@ def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                     v2 = vmuladd(v2, wv, vload(gf, a + 2 * CM))
                                     v3 = vmuladd(v3, wv, vload(gf, a + 3 * CM))
                             o = db + (ph + u * sw) * CM + ch
-                            vstore(dst, o, v0)
-                            vstore(dst, o + sw * CM, v1)
-                            vstore(dst, o + 2 * sw * CM, v2)
-                            vstore(dst, o + 3 * sw * CM, v3)
+                            _put(dst, o, v0, stream)  # (stream only when M = 1)
+                            _put(dst, o + sw * CM, v1, stream)
+                            _put(dst, o + 2 * sw * CM, v2, stream)
+                            _put(dst, o + 3 * sw * CM, v3, stream)
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
@@ -839,7 +863,7 @@ def _make_backprop_input_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                     if taphit[c] and 0 <= oj < ow:
                                         v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
                                                     vload(gf, rowoff[r] + oj * CM + ch))
-                            vstore(dst, db + (ph + u * sw) * CM + ch, v)
+                            _put(dst, db + (ph + u * sw) * CM + ch, v, stream)
                         u1 = u + 1
                     for up in range(u, u1):  # lanes past the last full vector
                         for ch in range(CV, CM):
@@ -1019,14 +1043,17 @@ _FACTORIES = {"forward": _make_forward_vec, "backprop_input": _make_backprop_inp
               "backprop_filter": _make_backprop_filter_vec}
 
 
-def _vec_kernel(kind: str, fh: int, fw: int, mode: int):  # type: ignore[no-untyped-def]
+def _vec_kernel(kind: str, fh: int, fw: int, mode: int,  # type: ignore[no-untyped-def]
+                stream: bool = False):
     """The register-blocked kernel for this filter size, or None where there is none
-    (other sizes, and the half types, which round after every step)."""
+    (other sizes, and the half types, which round after every step). ``stream``: the
+    forward / BackpropInput variant that writes its output with non-temporal stores."""
     if mode != NONE or (fh, fw) not in _VEC_SIZES:
         return None
-    key = (kind, fh, fw)
+    key = (kind, fh, fw, stream)
     if key not in _VEC_KERNELS:
-        _VEC_KERNELS[key] = _FACTORIES[kind](fh, fw)
+        make = _FACTORIES[kind]
+        _VEC_KERNELS[key] = make(fh, fw) if kind == "backprop_filter" else make(fh, fw, stream)
     return _VEC_KERNELS[key]
 
 
@@ -1115,9 +1142,14 @@ def _weight_tile(w: np.ndarray, ow: int) -> np.ndarray:
 
 def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     (x, w), dt, mode = _prepare(x, w)
-    out = np.empty((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt))
+    shape = (geo.N, geo.oh, geo.ow, geo.C * geo.M)
+    out = np.empty(shape, _work_dtype(dt))
     vec = _vec_kernel("forward", geo.fh, geo.fw, mode)
     if out.size and vec is not None:
+        # A large output of whole-line pixels goes out with non-temporal stores: no
+        # read-for-ownership of lines that are only written.
+        out, stream = stream_output(shape, out.dtype, _STREAM_MIN_BYTES)
+        vec = _vec_kernel("forward", geo.fh, geo.fw, mode, stream)
         _run(vec, geo.N * geo.oh, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
     elif out.size:
         _run(_forward, geo.N * geo.oh, x, w, _weight_tile(w, geo.ow), out, geo.sh, geo.sw,
@@ -1136,6 +1168,9 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     args = (geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, lanes)
     vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode)
     finite = bool(np.isfinite(w).all())
+    if finite and vec is not None and geo.M == 1:  # (M > 1 writes out after a reduction)
+        out, stream = stream_output(out.shape, out.dtype, _STREAM_MIN_BYTES)
+        vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream)
     if finite and vec is not None:
         _run(vec, geo.N * geo.H, w, g, out, *args[:6], lanes)
     elif finite:

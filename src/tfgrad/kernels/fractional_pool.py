@@ -19,6 +19,7 @@ from ._simd import (
     nlanes,
     prefetch,
     store_fn,
+    stream_output,
     vadd,
     vany_ne,
     vdiv,
@@ -536,26 +537,12 @@ def _whole_lines(depth: int, dtype: np.dtype) -> bool:
     return depth * dtype.itemsize % 64 == 0
 
 
-def _output(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, bool]:
-    """An uninitialised output, and whether the kernels should stream it (non-temporal
-    stores, next-row prefetch): only outputs too big to stay in the caches anyway, of
-    whole-line pixels, which are then allocated on a 64-byte boundary."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if not (_whole_lines(shape[-1], dtype) and nbytes >= _STREAM_MIN_BYTES):
-        return np.empty(shape, dtype), False
-    buf = np.empty(nbytes + 64, np.uint8)
-    off = -buf.ctypes.data % 64
-    out = buf[off:off + nbytes].view(dtype).reshape(shape)
-    assert out.ctypes.data % 64 == 0  # a misaligned movnt faults
-    return out, True
-
-
 def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
     shape = (x.shape[0], rs.size, cs.size, x.shape[3])
     counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
     with _threads(x.size):
         if x.dtype.kind == "f":
-            out, stream = _output(shape, x.dtype)
+            out, stream = stream_output(shape, x.dtype, _STREAM_MIN_BYTES)
             _POOL_VEC[is_max, stream](x, rs, re, cs, ce, lowest, counts, out)
         elif is_max:
             out = np.empty(shape, x.dtype)
@@ -595,7 +582,7 @@ def max_pool_grad(x: np.ndarray, y: np.ndarray, g: np.ndarray, rs, re, cs,
     if (x.dtype.kind == "f" and _whole_lines(x.shape[3], x.dtype)
             and cell < 2 ** (np.finfo(x.dtype).nmant + 1)):  # codes exact in T
         c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
-        out, stream = _output(x.shape, x.dtype)
+        out, stream = stream_output(x.shape, x.dtype, _STREAM_MIN_BYTES)
         with _threads(x.size):
             ok = _MAX_GRAD_VEC[stream](x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first,
                                        r_last, c_first, c_last, out)
