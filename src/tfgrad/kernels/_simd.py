@@ -155,16 +155,23 @@ def stream_output(shape: tuple[int, ...], dtype: np.dtype,
     return out, True
 
 
+@numba.njit(inline="always")
+def vput(arr, i, v, stream):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """vstore, or vstore_nt when ``stream``: a constant of the calling kernel (a factory's
+    argument), so each compiled variant keeps only its own store."""
+    if stream:
+        vstore_nt(arr, i, v)
+    else:
+        vstore(arr, i, v)
+
+
 def store_fn(stream: bool):  # type: ignore[no-untyped-def]
-    """``put(arr, i, v)``: vstore, or vstore_nt when ``stream`` (fixed when a kernel
-    factory builds its kernel, so each variant compiles only its own store)."""
+    """``put(arr, i, v)``: vput with ``stream`` fixed when a kernel factory builds its
+    kernel."""
 
     @numba.njit(inline="always")
     def put(arr, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        if stream:
-            vstore_nt(arr, i, v)
-        else:
-            vstore(arr, i, v)
+        vput(arr, i, v, stream)
 
     return put
 

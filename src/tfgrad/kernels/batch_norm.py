@@ -47,6 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._simd import (
+    STREAM_MIN_BYTES,
     aligned_empty,
     prefetch,
     store_fn,
@@ -755,7 +756,7 @@ def _span1(kind, g, v, a, b, c, m):  # type: ignore[no-untyped-def]
 
 _ROWS_VEC = {(g, s, p): _make_rows_vec(g, s, p)
              for g in (False, True) for s in (False, True) for p in (False, True)}
-_STREAM_MIN_BYTES = 4 << 20
+_STREAM_MIN_BYTES = STREAM_MIN_BYTES
 """Outputs this big are written with non-temporal stores (see the section comment)."""
 
 

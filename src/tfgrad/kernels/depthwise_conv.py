@@ -65,8 +65,8 @@ from ._simd import (
     stream_output,
     vload,
     vmuladd,
+    vput,
     vstore,
-    vstore_nt,
     vzeros,
 )
 
@@ -649,15 +649,6 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-d
 
 
 @njit(inline="always")
-def _put(a, i, v, stream):  # type: ignore[no-untyped-def]
-    """vstore, or vstore_nt when ``stream`` (a constant of the compiled kernel)."""
-    if stream:
-        vstore_nt(a, i, v)
-    else:
-        vstore(a, i, v)
-
-
-@njit(inline="always")
 def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
     """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside: pixel p's
     tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]."""
@@ -673,11 +664,11 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream
                     v1 = vmuladd(v1, vload(src, a + ps), wv)
                     v2 = vmuladd(v2, vload(src, a + 2 * ps), wv)
                     v3 = vmuladd(v3, vload(src, a + 3 * ps), wv)
-        _put(of, o + ch, v0, stream)
+        vput(of, o + ch, v0, stream)
         if P > 1:
-            _put(of, o + CM + ch, v1, stream)
-            _put(of, o + 2 * CM + ch, v2, stream)
-            _put(of, o + 3 * CM + ch, v3, stream)
+            vput(of, o + CM + ch, v1, stream)
+            vput(of, o + 2 * CM + ch, v2, stream)
+            vput(of, o + 3 * CM + ch, v3, stream)
 
 
 @njit(inline="always")
@@ -700,10 +691,10 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream):  # 
                 if c + 1 < FW:
                     x0, x1, x2 = x1, x2, x3
                     x3 = vload(src, b + (c + 4) * CM)
-        _put(of, o + ch, v0, stream)
-        _put(of, o + CM + ch, v1, stream)
-        _put(of, o + 2 * CM + ch, v2, stream)
-        _put(of, o + 3 * CM + ch, v3, stream)
+        vput(of, o + ch, v0, stream)
+        vput(of, o + CM + ch, v1, stream)
+        vput(of, o + 2 * CM + ch, v2, stream)
+        vput(of, o + 3 * CM + ch, v3, stream)
 
 
 def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
@@ -769,7 +760,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                                     v = vmuladd(v, vload(src, rowoff[r] + jj * CM + ch), wv)
                                 else:
                                     v = vmuladd(v, vzeros(x), wv)
-                        _put(of, ob + j * CM + ch, v, stream)
+                        vput(of, ob + j * CM + ch, v, stream)
                     j1 = j + 1
                 for jp in range(j, j1):  # lanes past the last full vector
                     for ch in range(CV, CM):
@@ -847,10 +838,10 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                     v2 = vmuladd(v2, wv, vload(gf, a + 2 * CM))
                                     v3 = vmuladd(v3, wv, vload(gf, a + 3 * CM))
                             o = db + (ph + u * sw) * CM + ch
-                            _put(dst, o, v0, stream)  # (stream only when M = 1)
-                            _put(dst, o + sw * CM, v1, stream)
-                            _put(dst, o + 2 * sw * CM, v2, stream)
-                            _put(dst, o + 3 * sw * CM, v3, stream)
+                            vput(dst, o, v0, stream)  # (stream only when M = 1)
+                            vput(dst, o + sw * CM, v1, stream)
+                            vput(dst, o + 2 * sw * CM, v2, stream)
+                            vput(dst, o + 3 * sw * CM, v3, stream)
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
@@ -863,7 +854,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                     if taphit[c] and 0 <= oj < ow:
                                         v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
                                                     vload(gf, rowoff[r] + oj * CM + ch))
-                            _put(dst, db + (ph + u * sw) * CM + ch, v, stream)
+                            vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
                         u1 = u + 1
                     for up in range(u, u1):  # lanes past the last full vector
                         for ch in range(CV, CM):
@@ -1040,7 +1031,8 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
 
 
 _FACTORIES = {"forward": _make_forward_vec, "backprop_input": _make_backprop_input_vec,
-              "backprop_filter": _make_backprop_filter_vec}
+              # (the filter gradient is small: never streamed)
+              "backprop_filter": lambda fh, fw, stream: _make_backprop_filter_vec(fh, fw)}
 
 
 def _vec_kernel(kind: str, fh: int, fw: int, mode: int,  # type: ignore[no-untyped-def]
@@ -1052,8 +1044,7 @@ def _vec_kernel(kind: str, fh: int, fw: int, mode: int,  # type: ignore[no-untyp
         return None
     key = (kind, fh, fw, stream)
     if key not in _VEC_KERNELS:
-        make = _FACTORIES[kind]
-        _VEC_KERNELS[key] = make(fh, fw) if kind == "backprop_filter" else make(fh, fw, stream)
+        _VEC_KERNELS[key] = _FACTORIES[kind](fh, fw, stream)
     return _VEC_KERNELS[key]
 
 
@@ -1142,14 +1133,12 @@ def _weight_tile(w: np.ndarray, ow: int) -> np.ndarray:
 
 def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     (x, w), dt, mode = _prepare(x, w)
-    shape = (geo.N, geo.oh, geo.ow, geo.C * geo.M)
-    out = np.empty(shape, _work_dtype(dt))
-    vec = _vec_kernel("forward", geo.fh, geo.fw, mode)
+    # A large output of whole-line pixels goes out with non-temporal stores (register
+    # kernels): no read-for-ownership of lines that are only written.
+    out, stream = stream_output((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt),
+                                _STREAM_MIN_BYTES)
+    vec = _vec_kernel("forward", geo.fh, geo.fw, mode, stream)
     if out.size and vec is not None:
-        # A large output of whole-line pixels goes out with non-temporal stores: no
-        # read-for-ownership of lines that are only written.
-        out, stream = stream_output(shape, out.dtype, _STREAM_MIN_BYTES)
-        vec = _vec_kernel("forward", geo.fh, geo.fw, mode, stream)
         _run(vec, geo.N * geo.oh, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
     elif out.size:
         _run(_forward, geo.N * geo.oh, x, w, _weight_tile(w, geo.ow), out, geo.sh, geo.sw,
@@ -1159,18 +1148,17 @@ def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
 
 def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     (w, g), dt, mode = _prepare(w, g)
-    out = np.empty((geo.N, geo.H, geo.W, geo.C), _work_dtype(dt))
+    out, stream = stream_output((geo.N, geo.H, geo.W, geo.C), _work_dtype(dt),
+                                _STREAM_MIN_BYTES)
     if out.size == 0:
         return out.astype(dt, copy=False)
     if geo.M == 0:  # the empty sum (TF leaves this output uninitialised)
         return np.zeros(out.shape, dt)
     lanes = 4 if dt == _F64 else 8
     args = (geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, lanes)
-    vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode)
+    # (M > 1 writes out after the multiplier reduction, one value at a time: no streaming)
+    vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream and geo.M == 1)
     finite = bool(np.isfinite(w).all())
-    if finite and vec is not None and geo.M == 1:  # (M > 1 writes out after a reduction)
-        out, stream = stream_output(out.shape, out.dtype, _STREAM_MIN_BYTES)
-        vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream)
     if finite and vec is not None:
         _run(vec, geo.N * geo.H, w, g, out, *args[:6], lanes)
     elif finite:

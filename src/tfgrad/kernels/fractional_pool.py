@@ -16,6 +16,7 @@ import numpy as np
 from numba import prange
 
 from ._simd import (
+    STREAM_MIN_BYTES,
     nlanes,
     prefetch,
     store_fn,
@@ -35,7 +36,7 @@ from ._simd import (
 _PARALLEL_MIN = 1 << 16
 """Below this many elements touched, one thread: a parallel launch costs more."""
 
-_STREAM_MIN_BYTES = 4 << 20
+_STREAM_MIN_BYTES = STREAM_MIN_BYTES
 """Forward outputs this big are written with non-temporal stores (they would mostly
 leave the caches before use anyway, and skipping the read-for-ownership saves a fifth
 of the op's memory traffic), and their inputs prefetched a row cell ahead."""
