@@ -30,6 +30,20 @@ class Vec(types.Type):
 
 
 _LANES = {types.float32: 16, types.float64: 8}  # one 512-bit register
+
+
+def _host_has_avx512() -> bool:
+    try:
+        from llvmlite import binding
+
+        return bool(binding.get_host_cpu_features().get("avx512f", False))
+    except Exception:  # (a host whose features LLVM cannot read)
+        return False
+
+
+HOST_AVX512 = _host_has_avx512()
+"""Whether a vector is one hardware register (32 of them) or, on AVX2, two (of 16):
+register-blocked kernels size their blocks by it. Only speed depends on it."""
 _VEC = {t: Vec(t, n) for t, n in _LANES.items()}
 
 

@@ -23,15 +23,22 @@ terms. No im2col buffer and no pass over a whole tensor per tap:
 Filter sizes 1x1, 2x2, 3x3, 5x5 and 7x7 in float32 / float64 take register-blocked
 kernels instead (compiled per filter size, so the taps unroll): four output pixels' lane
 vectors (``_simd``: 16 float32 / 8 float64 lanes) stay in registers across all taps, the
-stride-1 forward slides its input columns through registers, and the next row's input is
-prefetched (without it a single thread stalls on memory for a third of its time). The
-BackpropFilter one holds the tap accumulators of up to three filter rows (21 vectors) in
-registers over an output row, so each out_backprop vector is loaded once per three
-filter rows, and prefetches the next output row's lines (3x3 stride 1 on one thread:
-9.5 ms with the run kernel, 4.1 ms). Each element's arithmetic is the same as in the
-kernels above. The forward and (M = 1) BackpropInput ones write outputs of 4 MiB or more
-whose pixels are whole 64-byte lines with non-temporal stores (``_simd.stream_output``):
-no read-for-ownership of lines that are only written, a third of a stride-1 op's traffic.
+stride-1 forward and BackpropInput slide their input / out_backprop columns through
+registers, and the next row's input is prefetched (without it a single thread stalls on
+memory for a third of its time). BackpropInput takes the border pixels four at a time
+too, a missed tap adding w * 0 (a no-op for a finite filter), so only the last W mod 4
+pixels of a phase go one by one. The BackpropFilter one holds the tap accumulators of up
+to three filter rows (21 vectors; on AVX2, where a vector is two of 16 registers, as many
+rows as keep 9 of them: one for 5x5) in registers over an output row, so each
+out_backprop vector is loaded once per group of filter rows, and prefetches the next
+output row's lines (3x3 stride 1 on one thread: 9.5 ms with the run kernel, 4.1 ms).
+Multipliers M > 1 expand each input row once into a ring with every channel repeated M
+times (and BackpropInput reduces over the multiplier per pixel); both loops vectorise
+for M = 2, which halved the 5x5 M = 2 forward on Zen 3. Each element's arithmetic is the
+same as in the kernels above. The forward and (M = 1) BackpropInput ones write outputs of
+4 MiB or more whose pixels are whole 64-byte lines with non-temporal stores
+(``_simd.stream_output``): no read-for-ownership of lines that are only written, a third
+of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -59,6 +66,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._simd import (
+    HOST_AVX512,
     STREAM_MIN_BYTES,
     nlanes,
     prefetch,
@@ -638,14 +646,33 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-d
     s = ii % tags.size
     d0 = s * W * C * M
     if tags[s] != n * H + ii:
-        s0 = (n * H + ii) * W * C
-        for jj in range(W):
-            for k in range(C):
-                v = xf[s0 + jj * C + k]
-                for q in range(M):
-                    ring[d0 + (jj * C + k) * M + q] = v
+        # Unsigned indices and M = 2 spelled out: LLVM vectorises these loops (the
+        # generic one as written cost as much as a 3x3 M = 2 forward's arithmetic).
+        u = np.uint64
+        s0, dd, m = u((n * H + ii) * W * C), u(d0), u(M)
+        if M == 2:
+            for e in range(u(W * C)):
+                v = xf[s0 + e]
+                ring[dd + u(2) * e] = v
+                ring[dd + u(2) * e + u(1)] = v
+        else:
+            for e in range(u(W * C)):
+                v = xf[s0 + e]
+                for q in range(m):
+                    ring[dd + e * m + q] = v
         tags[s] = n * H + ii
     return d0
+
+
+@njit(inline="always")
+def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):  # type: ignore[no-untyped-def]
+    """Four pixels' accumulators each take their operand times the tap's weights wv
+    (``wfirst``: as wv * x, the operand order of the kernel it stands for)."""
+    if wfirst:
+        return (vmuladd(v0, wv, x0), vmuladd(v1, wv, x1), vmuladd(v2, wv, x2),
+                vmuladd(v3, wv, x3))
+    return (vmuladd(v0, x0, wv), vmuladd(v1, x1, wv), vmuladd(v2, x2, wv),
+            vmuladd(v3, x3, wv))
 
 
 @njit(inline="always")
@@ -684,10 +711,7 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream):  # 
             x2, x3 = vload(src, b + 2 * CM), vload(src, b + 3 * CM)
             for c in range(FW):
                 wv = vload(wf, (r * FW + c) * CM + ch)
-                v0 = vmuladd(v0, x0, wv)
-                v1 = vmuladd(v1, x1, wv)
-                v2 = vmuladd(v2, x2, wv)
-                v3 = vmuladd(v3, x3, wv)
+                v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, False)
                 if c + 1 < FW:
                     x0, x1, x2 = x1, x2, x3
                     x3 = vload(src, b + (c + 4) * CM)
@@ -778,6 +802,57 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
     return kernel
 
 
+@njit(inline="always")
+def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
+    """gf's lanes at i (out_backprop column oj); with ``check``, +0 where oj is outside
+    [0, ow): w * 0 added to an accumulator that is never -0 changes nothing (finite w),
+    the same bits as skipping the tap."""
+    if not check or 0 <= oj < ow:
+        return vload(gf, i)
+    return vzeros(gf)
+
+
+@njit(inline="always")
+def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH, FW, ow,  # type: ignore[no-untyped-def]  # noqa: E501
+              check, unit, stream):
+    """4 BackpropInput pixels of one phase (u..u+3, at dst[o:], pixel stride ps): pixel
+    u+p meets out_backprop column tapb[c] + u + p at tap c. ``unit`` (stride 1,
+    dilation 1): tapb[c] = tapb[0] - c, so tap c+1's 4 columns are tap c's moved down
+    by one, held in registers that slide: one new load per tap instead of 4."""
+    for ch in range(0, CV, NL):
+        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        for r in range(FH):
+            if not rowok[r]:
+                continue
+            if unit:
+                oj = tapb[0] + u
+                a = rowoff[r] + oj * CM + ch
+                g0, g1 = _g_at(gf, check, oj, ow, a), _g_at(gf, check, oj + 1, ow, a + CM)
+                g2 = _g_at(gf, check, oj + 2, ow, a + 2 * CM)
+                g3 = _g_at(gf, check, oj + 3, ow, a + 3 * CM)
+                for c in range(FW):
+                    wv = vload(wf, (r * FW + c) * CM + ch)
+                    v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, g0, g1, g2, g3, True)
+                    if c + 1 < FW:
+                        g1, g2, g3 = g0, g1, g2
+                        g0 = _g_at(gf, check, oj - c - 1, ow, a - (c + 1) * CM)
+                continue
+            for c in range(FW):
+                if not taphit[c]:
+                    continue
+                wv = vload(wf, (r * FW + c) * CM + ch)
+                oj = tapb[c] + u
+                a = rowoff[r] + oj * CM + ch
+                v0 = vmuladd(v0, wv, _g_at(gf, check, oj, ow, a))
+                v1 = vmuladd(v1, wv, _g_at(gf, check, oj + 1, ow, a + CM))
+                v2 = vmuladd(v2, wv, _g_at(gf, check, oj + 2, ow, a + 2 * CM))
+                v3 = vmuladd(v3, wv, _g_at(gf, check, oj + 3, ow, a + 3 * CM))
+        vput(dst, o + ch, v0, stream)
+        vput(dst, o + ps + ch, v1, stream)
+        vput(dst, o + 2 * ps + ch, v2, stream)
+        vput(dst, o + 3 * ps + ch, v3, stream)
+
+
 def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
     def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, t0, t1):  # type: ignore[no-untyped-def]
@@ -799,6 +874,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
         rowok = np.zeros(FH, np.bool_)
         tapb = np.zeros(FW, np.int64)
         taphit = np.zeros(FW, np.bool_)
+        unit = sw == 1 and dw == 1
         for t in range(t0, t1):
             n, ii = t // H, t % H
             for r in range(FH):
@@ -818,30 +894,18 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                         U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
                 u = 0
                 while u < Up:
-                    if U0 <= u and u + _P <= U1:
-                        if rowok[0]:  # the next input row's new out_backprop row
-                            pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
-                            for e in range(0, _P * CM, 16):
-                                prefetch(gf, pa + e)
-                        for ch in range(0, CV, NL):
-                            v0, v1, v2, v3 = vzeros(w), vzeros(w), vzeros(w), vzeros(w)
-                            for r in range(FH):
-                                if not rowok[r]:
-                                    continue
-                                for c in range(FW):
-                                    if not taphit[c]:
-                                        continue
-                                    wv = vload(wf, (r * FW + c) * CM + ch)
-                                    a = rowoff[r] + (tapb[c] + u) * CM + ch
-                                    v0 = vmuladd(v0, wv, vload(gf, a))
-                                    v1 = vmuladd(v1, wv, vload(gf, a + CM))
-                                    v2 = vmuladd(v2, wv, vload(gf, a + 2 * CM))
-                                    v3 = vmuladd(v3, wv, vload(gf, a + 3 * CM))
-                            o = db + (ph + u * sw) * CM + ch
-                            vput(dst, o, v0, stream)  # (stream only when M = 1)
-                            vput(dst, o + sw * CM, v1, stream)
-                            vput(dst, o + 2 * sw * CM, v2, stream)
-                            vput(dst, o + 3 * sw * CM, v3, stream)
+                    if u + _P <= Up:  # 4 pixels; near the borders, missed taps add w * 0
+                        o = db + (ph + u * sw) * CM
+                        if U0 <= u and u + _P <= U1:
+                            if rowok[0]:  # the next input row's new out_backprop row
+                                pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
+                                for e in range(0, _P * CM, 16):
+                                    prefetch(gf, pa + e)
+                            _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, sw * CM,
+                                      CM, CV, NL, FH, FW, ow, False, unit, stream)
+                        else:
+                            _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, sw * CM,
+                                      CM, CV, NL, FH, FW, ow, True, unit, stream)
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
@@ -869,7 +933,12 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                         s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
                             dst[db + (ph + up * sw) * CM + ch] = s_
                     u = u1
-            if M > 1:  # reduce over the multiplier
+            if M == 2 and plane > 2:  # (0 + a) + b, the order below; vectorised
+                u_ = np.uint64
+                o0 = u_((n * H + ii) * W * C)
+                for e in range(u_(W * C)):
+                    of[o0 + e] = (zero + per[u_(2) * e]) + per[u_(2) * e + u_(1)]
+            elif M > 1:  # reduce over the multiplier
                 o0 = (n * H + ii) * W * C
                 for jj in range(W):
                     for k in range(C):
@@ -961,12 +1030,22 @@ def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, 
         _store_row(bf, b + 2 * rs, CM, FW, r2)
 
 
+def _filter_rows_per_sweep(FW: int) -> int:
+    """Filter rows whose tap accumulators share one sweep of out_backprop: as many (up to
+    3) as fit in the vector registers beside the operands. On AVX2 a vector takes two of
+    16 registers: 3x3 takes 3 rows, 5x5 one (two rows' 10 accumulators spill and ran at
+    half the speed on Zen 3)."""
+    return min(3, max(1, (21 if HOST_AVX512 else 9) // FW))
+
+
 def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+    NR = _filter_rows_per_sweep(FW)
+
     @njit(nogil=True, cache=True)
     def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
-        lane vector and group of up to three filter rows, those rows' taps' accumulators
-        (up to 21 vectors) stay in registers over the output columns, taken in order
+        lane vector and group of NR (up to three) filter rows, those rows' taps'
+        accumulators (up to 21 vectors) stay in registers over the output columns, taken in order
         (padding taps add g * 0). One sweep of the columns feeds every tap of the group,
         so each out_backprop vector is loaded once per group, not once per filter row."""
         N, H, W, C = x.shape
@@ -990,8 +1069,8 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
             bf[:] = zero
             for i in range(oh):
                 go = (n * oh + i) * ow * CM
-                for rg in range(0, FH, 3):
-                    nr = min(3, FH - rg)
+                for rg in range(0, FH, NR):
+                    nr = min(NR, FH - rg)
                     inside = True
                     for k in range(nr):
                         ii = i * sh - pt + (rg + k) * dh
