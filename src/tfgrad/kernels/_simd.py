@@ -30,6 +30,7 @@ class Vec(types.Type):
 
 
 _LANES = {types.float32: 16, types.float64: 8}  # one 512-bit register
+_VEC = {t: Vec(t, n) for t, n in _LANES.items()}
 
 
 def _host_has_avx512() -> bool:
@@ -44,7 +45,6 @@ def _host_has_avx512() -> bool:
 HOST_AVX512 = _host_has_avx512()
 """Whether a vector is one hardware register (32 of them) or, on AVX2, two (of 16):
 register-blocked kernels size their blocks by it. Only speed depends on it."""
-_VEC = {t: Vec(t, n) for t, n in _LANES.items()}
 
 
 def _llvm_type(vt: Vec) -> ir.VectorType:

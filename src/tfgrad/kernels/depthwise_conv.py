@@ -933,7 +933,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                         s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
                             dst[db + (ph + up * sw) * CM + ch] = s_
                     u = u1
-            if M == 2 and plane > 2:  # (0 + a) + b, the order below; vectorised
+            if M == 2:  # (0 + a) + b: _reduce_multiplier's order (M < plane), vectorised
                 u_ = np.uint64
                 o0 = u_((n * H + ii) * W * C)
                 for e in range(u_(W * C)):
@@ -1045,8 +1045,8 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
         lane vector and group of NR (up to three) filter rows, those rows' taps'
-        accumulators (up to 21 vectors) stay in registers over the output columns, taken in order
-        (padding taps add g * 0). One sweep of the columns feeds every tap of the group,
+        accumulators (up to 21 vectors) stay in registers over the output columns, taken
+        in order (padding taps add g * 0). One sweep of the columns feeds every tap of the group,
         so each out_backprop vector is loaded once per group, not once per filter row."""
         N, H, W, C = x.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
