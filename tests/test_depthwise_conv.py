@@ -305,6 +305,8 @@ def test_memory_limit(monkeypatch):
 # --------------------------------------------------------------------------------------
 _THREAD_SCRIPT = """
 import hashlib, numpy as np, tfgrad
+from tfgrad.kernels import depthwise_conv
+depthwise_conv._INLINE_WORK = 0  # these small ops run on every thread too
 raw = tfgrad.raw_ops
 h = hashlib.sha256()
 rng = np.random.default_rng(0)
@@ -332,3 +334,24 @@ def test_results_do_not_depend_on_thread_count():
         digests.append(out.stdout.strip())
     assert digests[0] == digests[1]
     assert len(digests[0]) == len(hashlib.sha256().hexdigest())
+
+
+def test_run_covers_every_task_once(monkeypatch):
+    """_run: each task in exactly one chunk, on the pool or (small work) inline, and a
+    kernel's exception comes back to the caller."""
+    seen: list[tuple[int, int]] = []
+
+    def kernel(tag, t0, t1):
+        seen.append((t0, t1))
+        if tag == "fail" and t0 <= 5 < t1:
+            raise ValueError("task 5")
+
+    K._run(kernel, 37, K._INLINE_WORK - 1, "ok")
+    assert seen == [(0, 37)]
+    monkeypatch.setattr(K, "_threads", lambda work: 3)
+    seen.clear()
+    K._run(kernel, 37, K._INLINE_WORK, "ok")
+    tasks = sorted(t for t0, t1 in seen for t in range(t0, t1))
+    assert tasks == list(range(37)) and len(seen) > 2
+    with pytest.raises(ValueError, match="task 5"):
+        K._run(kernel, 37, K._INLINE_WORK, "fail")

@@ -27,9 +27,15 @@ _TYPES = {"int": int, "float": float, "bool": bool, "string": str,
           "list(int)": "list[int]", "list(float)": "list[float]"}
 
 
+_IMPLS: dict[str, Callable[..., Any]] = {}
+
+
 def _impl(op: OpDef) -> Callable[..., Any]:
-    module = importlib.import_module(f"tfgrad.ops.{op.family}")
-    return getattr(module, op.name)
+    impl = _IMPLS.get(op.name)
+    if impl is None:  # (the family module is imported on first use)
+        module = importlib.import_module(f"tfgrad.ops.{op.family}")
+        impl = _IMPLS[op.name] = getattr(module, op.name)
+    return impl
 
 
 def output_type(op: OpDef) -> Any:

@@ -12,6 +12,8 @@ The loads and stores are unchecked and unaligned: callers keep ``i + lanes <= si
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -149,7 +151,7 @@ copy-like op's memory traffic."""
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-contiguous array on a 64-byte boundary (vstore_nt needs it)."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     buf = np.empty(nbytes + 64, np.uint8)
     off = -buf.ctypes.data % 64
     return buf[off:off + nbytes].view(dtype).reshape(shape)
@@ -161,7 +163,7 @@ def stream_output(shape: tuple[int, ...], dtype: np.dtype,
     outputs of min_bytes or more whose last axis is whole 64-byte lines (so that every
     vector a kernel stores at a multiple of the lane count is line-aligned)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if not (shape and shape[-1] * dtype.itemsize % 64 == 0 and nbytes >= min_bytes):
         return np.empty(shape, dtype), False
     out = aligned_empty(shape, dtype)

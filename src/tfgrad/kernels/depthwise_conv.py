@@ -832,7 +832,9 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
                 g3 = _g_at(gf, check, oj + 3, ow, a + 3 * CM)
                 for c in range(FW):
                     wv = vload(wf, (r * FW + c) * CM + ch)
-                    v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, g0, g1, g2, g3, True)
+                    # g3 first: it leaves the window after this tap (so its register
+                    # frees early; in this order LLVM spills 4 vectors, not 14, on AVX2)
+                    v3, v2, v1, v0 = _mac4(v3, v2, v1, v0, wv, g3, g2, g1, g0, True)
                     if c + 1 < FW:
                         g1, g2, g3 = g0, g1, g2
                         g0 = _g_at(gf, check, oj - c - 1, ow, a - (c + 1) * CM)
@@ -1129,20 +1131,35 @@ def _vec_kernel(kind: str, fh: int, fw: int, mode: int,  # type: ignore[no-untyp
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
+_INLINE_WORK = 1 << 20
+"""Ops of fewer multiply-adds than this run on the calling thread alone: waking a pool
+thread costs ~70 us on a VM, more than such an op takes (~60 us). (Tests lower it.)"""
 
 
-def _run(kernel, ntasks: int, *args) -> None:  # type: ignore[no-untyped-def]
+def _threads(work: int) -> int:
+    return numba.get_num_threads() if work >= _INLINE_WORK else 1
+
+
+def _macs(geo: Geometry) -> int:
+    """The op's multiply-adds: one per out_backprop (output) element and tap."""
+    return geo.N * geo.oh * geo.ow * geo.C * geo.M * geo.fh * geo.fw
+
+
+def _run(kernel, ntasks: int, work: int, *args) -> None:  # type: ignore[no-untyped-def]
     """kernel(*args, t0, t1) over the tasks [0, ntasks), on numba.get_num_threads()
-    threads (this one included) that take chunks of tasks as they come free.
+    threads (this one included) that take chunks of tasks as they come free; on this
+    thread alone when ``work`` (the op's multiply-adds) is under _INLINE_WORK.
 
     Numba's own parallel loops split the work statically and end on a barrier that waits
     for every thread; on a shared machine a descheduled thread stalls the whole op (we
     measured 48 ms for a 12 ms single-thread op). Here a thread that does not get a CPU
     simply takes no chunk. Every task computes the same bits whichever thread runs it.
+    16 chunks a thread, not 4: the last chunk to finish decides the op's time (3-10% in
+    the medians of the MobileNet shapes on 2 cores).
     """
     global _POOL, _POOL_SIZE
-    threads = numba.get_num_threads()
-    nchunks = min(ntasks, 4 * threads) if threads > 1 else 1
+    threads = _threads(work)
+    nchunks = min(ntasks, 16 * threads) if threads > 1 else 1
     if nchunks <= 1:
         kernel(*args, 0, ntasks)
         return
@@ -1212,21 +1229,24 @@ def _weight_tile(w: np.ndarray, ow: int) -> np.ndarray:
 
 def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     (x, w), dt, mode = _prepare(x, w)
+    work = _macs(geo)
     # A large output of whole-line pixels goes out with non-temporal stores (register
     # kernels): no read-for-ownership of lines that are only written.
     out, stream = stream_output((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt),
                                 _STREAM_MIN_BYTES)
     vec = _vec_kernel("forward", geo.fh, geo.fw, mode, stream)
     if out.size and vec is not None:
-        _run(vec, geo.N * geo.oh, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
+        _run(vec, geo.N * geo.oh, work, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt,
+             geo.pl)
     elif out.size:
-        _run(_forward, geo.N * geo.oh, x, w, _weight_tile(w, geo.ow), out, geo.sh, geo.sw,
-             geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
+        _run(_forward, geo.N * geo.oh, work, x, w, _weight_tile(w, geo.ow), out, geo.sh,
+             geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
     return out.astype(dt, copy=False)
 
 
 def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     (w, g), dt, mode = _prepare(w, g)
+    work = _macs(geo)
     out, stream = stream_output((geo.N, geo.H, geo.W, geo.C), _work_dtype(dt),
                                 _STREAM_MIN_BYTES)
     if out.size == 0:
@@ -1239,12 +1259,12 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream and geo.M == 1)
     finite = bool(np.isfinite(w).all())
     if finite and vec is not None:
-        _run(vec, geo.N * geo.H, w, g, out, *args[:6], lanes)
+        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes)
     elif finite:
-        _run(_backprop_input_finite, geo.N * geo.H, w, _weight_tile(w, geo.ow), g, out, *args,
-             _group(mode))
+        _run(_backprop_input_finite, geo.N * geo.H, work, w, _weight_tile(w, geo.ow), g, out,
+             *args, _group(mode))
     else:  # the taps that miss compute w * 0, NaN for an inf filter value
-        _run(_backprop_input_any, geo.N * geo.H, w, g, out, *args)
+        _run(_backprop_input_any, geo.N * geo.H, work, w, g, out, *args)
     return out.astype(dt, copy=False)
 
 
@@ -1255,20 +1275,21 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     total = np.zeros(shape, wdt)
     if total.size == 0 or geo.N == 0 or geo.oh * geo.ow == 0:
         return total.astype(dt, copy=False)  # (TF returns uninitialised memory for these)
-    threads = numba.get_num_threads()
+    work = _macs(geo)
+    threads = _threads(work)
     bufs = np.empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
     vec = _vec_kernel("backprop_filter", geo.fh, geo.fw, mode)
     if vec is not None and geo.N >= threads:
-        _run(vec, geo.N, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
+        _run(vec, geo.N, work, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
     elif geo.dw == 1 and geo.N >= threads:  # one task per image, filter rows as runs
-        _run(_backprop_filter_rows, geo.N, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.pt, geo.pl,
-             mode, _group(mode))
+        _run(_backprop_filter_rows, geo.N, work, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.pt,
+             geo.pl, mode, _group(mode))
     else:
         # Enough (image, channel block) tasks for every thread; the blocking does not
         # change any element's arithmetic.
         nkb = min(geo.C, max(1, -(-2 * threads // geo.N)))
         kblock = -(-geo.C // nkb)
-        _run(_backprop_filter, geo.N * -(-geo.C // kblock), x, g, bufs, kblock, geo.sh, geo.sw,
-             geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
+        _run(_backprop_filter, geo.N * -(-geo.C // kblock), work, x, g, bufs, kblock, geo.sh,
+             geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
     _sum_images(bufs, total, mode)
     return total.astype(dt, copy=False)
