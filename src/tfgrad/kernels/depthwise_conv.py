@@ -66,6 +66,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .._fpenv import flush_this_thread
 from ._simd import (
     HOST_AVX512,
     STREAM_MIN_BYTES,
@@ -1165,7 +1166,10 @@ def _run(kernel, ntasks: int, work: int, *args) -> None:  # type: ignore[no-unty
         kernel(*args, 0, ntasks)
         return
     if _POOL is None or _POOL_SIZE != threads - 1:
-        _POOL = ThreadPoolExecutor(threads - 1, thread_name_prefix="tfgrad-dwconv")
+        # (our own threads: TF's flushed-denormal environment, set once; the calling
+        # thread has it from the op, see _fpenv)
+        _POOL = ThreadPoolExecutor(threads - 1, thread_name_prefix="tfgrad-dwconv",
+                                   initializer=flush_this_thread)
         _POOL_SIZE = threads - 1
     size = -(-ntasks // nchunks)
     nchunks = -(-ntasks // size)
@@ -1261,10 +1265,12 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     finite = bool(np.isfinite(w).all())
     if finite and vec is not None:
         _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes)
-    elif finite:
+    elif finite and mode == NONE:
         _run(_backprop_input_finite, geo.N * geo.H, work, w, _weight_tile(w, geo.ow), g, out,
              *args, _group(mode))
-    else:  # the taps that miss compute w * 0, NaN for an inf filter value
+    else:
+        # The taps that miss compute w * 0: NaN for an inf filter value, and in the half
+        # types a -0 (a product that underflowed) becomes +0 when w >= 0.
         _run(_backprop_input_any, geo.N * geo.H, work, w, g, out, *args)
     return out.astype(dt, copy=False)
 

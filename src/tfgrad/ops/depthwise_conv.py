@@ -26,6 +26,13 @@ with ``filter[:, :, k, q]``. Everything is computed as TF 2.21's Eigen CPU kerne
   the output positions in row-major order (padding taps add ``g * 0``); the per-image
   buffers are then added in batch order, ``0 + b0 + b1 + ...`` (rounded to T for the
   half types). No step depends on the thread count.
+- Denormals flush to zero, as TF runs its kernels with FTZ and DAZ set (``_fpenv``):
+  ``[1e-20] * [1e-20]`` gives 0 in float32, and a 1e-39 input reads as 0.
+- A sum can therefore be -0 (a float32 sum that flushed, or a half-type sum that
+  underflowed), and the ``w * 0`` of a tap that reaches no out_backprop value then
+  decides its sign: TF adds it, so BackpropInput in the half types computes every tap.
+  Known gap: float32 / float64 BackpropInput skips those taps for speed, so a sum that
+  flushed to -0 stays -0 where TF gives +0 (the value agrees; tests pin it as xfail).
 
 Beyond TF's CPU kernel (see the op notes): ``data_format='NCHW'`` and ``dilations > 1``
 are computed as the convolution they define, for all three ops, and the backprops are
@@ -40,9 +47,9 @@ Which bits: NCHW gives the bits of the NHWC computation (transposed). A dilated
 convolution gives the bits of TF's kernel run with the filter dilated explicitly (zeros
 inserted between the taps; for BackpropFilter, the zero-inserted filter's gradient at the
 real taps). The accumulation order is the same, and an inserted zero tap adds
-``x * 0 = +-0`` to an accumulator that starts at +0 and can therefore never be -0 (in
-round-to-nearest ``a + b`` is -0 only when both are -0), so it changes nothing: the bits
-are identical for finite inputs, in every dtype. Only an inf or NaN input under an
+``x * 0 = +-0``, which changes nothing unless the sum is -0 (see above): the bits are
+identical for finite inputs, except the sign of a zero that flushed or underflowed, in
+the few dilated cases where TF's inserted tap would turn it to +0. Only an inf or NaN input under an
 inserted zero differs: TF's zero-inserted filter would compute ``inf * 0 = NaN`` there,
 while the dilated convolution has no such tap. Padding taps of real filter taps are
 still computed as ``0 * w``, as TF.
@@ -68,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _config
+from .._fpenv import flush_denormals
 from .._validate import check_alloc, require, shape_str
 
 _F32 = np.dtype(np.float32)
@@ -253,13 +261,14 @@ def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[
     check_alloc(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype)
     if N * geo.oh * geo.ow * C * M == 0:  # nothing to compute: never copy a (broadcast) input
         return _back(np.zeros((N, geo.oh, geo.ow, C * M), input.dtype), a.nchw)
-    if _config.use_reference():
-        with np.errstate(all="ignore"):  # inf and NaN propagate as in TF
-            out = forward_reference(x, filter, geo)
-    else:
-        from ..kernels import depthwise_conv as K
+    with flush_denormals():
+        if _config.use_reference():
+            with np.errstate(all="ignore"):  # inf and NaN propagate as in TF
+                out = forward_reference(x, filter, geo)
+        else:
+            from ..kernels import depthwise_conv as K
 
-        out = K.forward(x, filter, geo)
+            out = K.forward(x, filter, geo)
     return _back(out, a.nchw)
 
 
@@ -276,13 +285,14 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
     if out_backprop.size == 0 or filter.size == 0:  # an empty sum: zeros, no input copies
         return np.zeros(sizes, filter.dtype)
     g = _nhwc(out_backprop, a.nchw)
-    if _config.use_reference():
-        with np.errstate(all="ignore"):
-            out = backprop_input_reference(filter, g, geo)
-    else:
-        from ..kernels import depthwise_conv as K
+    with flush_denormals():
+        if _config.use_reference():
+            with np.errstate(all="ignore"):
+                out = backprop_input_reference(filter, g, geo)
+        else:
+            from ..kernels import depthwise_conv as K
 
-        out = K.backprop_input(filter, g, geo)
+            out = K.backprop_input(filter, g, geo)
     return _back(out, a.nchw)
 
 
@@ -299,12 +309,13 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
     if out_backprop.size == 0 or math.prod(sizes) == 0:  # an empty sum: zeros, no copies
         return np.zeros(sizes, input.dtype)
     x, g = _nhwc(input, a.nchw), _nhwc(out_backprop, a.nchw)
-    if _config.use_reference():
-        with np.errstate(all="ignore"):
-            return backprop_filter_reference(x, g, geo)
-    from ..kernels import depthwise_conv as K
+    with flush_denormals():
+        if _config.use_reference():
+            with np.errstate(all="ignore"):
+                return backprop_filter_reference(x, g, geo)
+        from ..kernels import depthwise_conv as K
 
-    return K.backprop_filter(x, g, geo)
+        return K.backprop_filter(x, g, geo)
 
 
 # --------------------------------------------------------------------------------------
