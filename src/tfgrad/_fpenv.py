@@ -31,6 +31,8 @@ _FNS: tuple[Any, Any] | None = None
 def _functions() -> tuple[Any, Any]:
     """Numba functions reading and writing this thread's MXCSR (compiled on first use)."""
     global _FNS
+    if _FNS is not None:  # (every op call comes here: no lock once compiled)
+        return _FNS
     with _LOCK:
         if _FNS is None:
             from llvmlite import ir

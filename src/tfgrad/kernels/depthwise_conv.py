@@ -340,8 +340,9 @@ def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, t0, t1):  # type
 
 @njit(nogil=True, cache=True)
 def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
-    """BackpropInput for a finite filter: a tap that meets no out_backprop value adds
-    w * 0 = +-0, which leaves the accumulator (never -0) unchanged, so only the taps
+    """BackpropInput for a finite float32 / float64 filter: a tap that meets no
+    out_backprop value adds w * 0 = +-0, which leaves the accumulator unchanged unless
+    it is a flushed -0 (the known sign gap, see ops.depthwise_conv), so only the taps
     that hit are computed. One task per input row; its accumulators are split by pixel
     phase modulo the stride. A pixel of phase p meets the taps c with (c*dw - pl) % sw
     == p; those are applied G at a time, in row-major order, in contiguous runs."""
@@ -405,8 +406,6 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
                                 gr = grow[oj * CM:(oj + 1) * CM]
                                 for ch in range(CM):
                                     a[ch] = a[ch] + wt[ch] * gr[ch]
-                    if mode != NONE:  # (G = 1) untouched values are already in T
-                        _round_all(ap, mode)
         for jj in range(W):
             pj = acc[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
             o = out[n, ii, jj]
