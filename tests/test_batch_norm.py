@@ -202,6 +202,150 @@ def test_half_types_live():
 
 
 # --------------------------------------------------------------------------------------
+# Denormals (TF's FTZ / DAZ) and the signs of flushed zeros
+# --------------------------------------------------------------------------------------
+# shapes that take each kernel: the single-threaded twins, the NHWC vector kernels
+# (C % 16 == 0), the NHWC scalar-loop kernels and NCHW, the last three threaded
+_FTZ_CASES = [((1, 2, 2, 8), "NHWC"), ((2, 32, 32, 32), "NHWC"), ((2, 32, 32, 35), "NHWC"),
+              ((2, 35, 32, 32), "NCHW")]
+
+
+def _channel_axis(fmt):
+    return -1 if fmt == "NHWC" else 1
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("shape, fmt", _FTZ_CASES)
+def test_denormals_flush_to_zero_as_tf(impl, shape, fmt):
+    """TF runs its kernels with FTZ and DAZ set (tfgrad._fpenv), Numba's worker threads
+    included here: a denormal input reads as 0 and a denormal result becomes 0."""
+    c = shape[_channel_axis(fmt)]
+    ones, zeros = np.ones(c, F32), np.zeros(c, F32)
+    sub = np.full(shape, 1e-39, F32)  # denormal
+    with tfgrad.use_impl(impl):
+        # frozen statistics: y = (x - 0) * rsqrt(1) + 0 with x read as 0
+        y = raw.FusedBatchNormV3(x=sub, scale=ones, offset=zeros, mean=zeros, variance=ones,
+                                 epsilon=0.0, data_format=fmt, is_training=False).y
+        assert not y.any()
+        # batch statistics: x = +-a (mean 0), a*a = 1e-40 flushes, so the variance is 0
+        a = np.where(np.indices(shape).sum(0) % 2 == 0, F32(1e-20), F32(-1e-20))
+        r = raw.FusedBatchNormV3(x=a, scale=ones, offset=zeros, mean=E, variance=E,
+                                 epsilon=1.0, data_format=fmt, is_training=True)
+        assert not r.reserve_space_2.any() and not r.batch_variance.any()
+        # the gradient of a denormal y_backprop: every sum and x_backprop read it as 0
+        for training in (True, False):
+            g = raw.FusedBatchNormGradV3(y_backprop=sub, x=a, scale=ones,
+                                         reserve_space_1=zeros, reserve_space_2=ones,
+                                         reserve_space_3=E, epsilon=0.0, data_format=fmt,
+                                         is_training=training)
+            assert not g.x_backprop.any() and not g.offset_backprop.any()
+            assert not g.scale_backprop.any()
+    assert F32(1e-20) * F32(1e-20) != 0 and sub[0, 0, 0, 0] * F32(1) != 0  # not flushed here
+
+
+# A column whose sum flushes to -0: ((0 + a) + b) + c = -1.6e-40 in exact arithmetic.
+_MINUS_ZERO_COLUMN = F32([-1.9727995e-38, 8.756155e-38, -6.799314e-38])
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("c, threads, sign", [(8, 1, -1), (8, 2, -1), (32, 1, -1),
+                                              (32, 2, +1), (100, 2, -1)])
+def test_grad_sum_flushed_to_minus_zero(impl, c, threads, sign, monkeypatch):
+    """TF's ReduceOuterDimensions adds its partial sums to the first one. On 2 threads
+    with C = 32 it makes two blocks but (little work) runs them in one call: all rows
+    land in the first and the untouched second, +0, is added after, so the flushed -0
+    becomes +0. One block (C = 8, or one thread) or C > 32 * threads keeps -0."""
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    assert bn.redux_plan(3, c, 4, threads) == (3, c == 32 and threads == 2)
+    dy = np.zeros((1, 1, 3, c), F32)
+    dy[0, 0, :, 0] = _MINUS_ZERO_COLUMN
+    with tfgrad.use_impl(impl):
+        for training in (True, False):
+            g = raw.FusedBatchNormGradV3(y_backprop=dy, x=np.zeros_like(dy),
+                                         scale=np.ones(c, F32), reserve_space_1=np.zeros(c, F32),
+                                         reserve_space_2=np.ones(c, F32), reserve_space_3=E,
+                                         is_training=training)
+            ob = g.offset_backprop[0]
+            assert ob == 0 and np.signbit(ob) == (sign < 0), (training, ob)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_forward_mean_flushed_to_minus_zero(impl):
+    # Eigen's column sum starts from +0 and never adds +0 after: the mean stays -0.
+    x = np.zeros((1, 1, 3, 8), F32)
+    x[0, 0, :, 0] = _MINUS_ZERO_COLUMN
+    with tfgrad.use_impl(impl):
+        r = raw.FusedBatchNormV3(x=x, scale=np.ones(8, F32), offset=np.zeros(8, F32),
+                                 mean=E, variance=E, is_training=True)
+    assert r.batch_mean[0] == 0 and np.signbit(r.batch_mean[0])
+
+
+@pytest.mark.live
+def test_live_tf_flushed_zeros_and_thread_split():
+    # The pinned cases above, against TF on this machine (its own thread count).
+    threads = bn.tf_thread_count()
+    for c in (8, 32, 100):
+        dy = np.zeros((1, 1, 3, c), F32)
+        dy[0, 0, :, 0] = _MINUS_ZERO_COLUMN
+        for training in (True, False):
+            kw = dict(y_backprop=dy, x=np.zeros_like(dy), scale=np.ones(c, F32),
+                      reserve_space_1=np.zeros(c, F32), reserve_space_2=np.ones(c, F32),
+                      reserve_space_3=E, is_training=training)
+            want = oracle.run_tf("FusedBatchNormGradV3", kw)
+            assert np.signbit(want[2][0]) != bn.redux_plan(3, c, 4, threads)[1]
+            for impl in ("kernel", "reference"):
+                with tfgrad.use_impl(impl):
+                    oracle.assert_outputs("FusedBatchNormGradV3",
+                                          raw.FusedBatchNormGradV3(**kw), want, what=impl)
+
+
+def _tiny(rng, shape, dt):
+    """Values spread over the float32 denormal range and just above it (half types:
+    float16 values around its own underflow, as the float32 ones would overflow it)."""
+    a = rng.standard_normal(shape).astype(F32)
+    if dt == np.float16:
+        return (a * F32(1e-7)).astype(dt)
+    mag = F32(10.0) ** rng.uniform(-45, -36, shape).astype(F32)
+    return np.where(rng.random(shape) < 0.5, a * mag, a * F32(1e-37)).astype(dt)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("dt", [F32, np.float16, ml_dtypes.bfloat16])
+def test_live_tf_denormal_inputs(dt):
+    """Inputs, scales and statistics in and around the denormal range, every kernel
+    path: bit-identical to TF, zeros' signs included."""
+    rng = np.random.default_rng(11)
+    for shape, fmt in _FTZ_CASES + [((1, 3, 3, 128), "NHWC"), ((2, 3, 4, 64), "NCHW")]:
+        c = shape[_channel_axis(fmt)]
+        x, dy = _tiny(rng, shape, dt), _tiny(rng, shape, dt)
+        vec = [_tiny(rng, c, F32) for _ in range(3)]
+        var = np.abs(_tiny(rng, c, F32))
+        for training in (True, False):
+            for eps in (1e-3, 1e-40):
+                fkw = dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2], variance=var,
+                           epsilon=eps, exponential_avg_factor=0.5, data_format=fmt,
+                           is_training=training)
+                f = oracle.run_tf("FusedBatchNormV3", fkw)
+                rs = (f[3], f[4]) if training else (vec[2], var)
+                gkw = dict(y_backprop=dy, x=x, scale=vec[0], reserve_space_1=rs[0],
+                           reserve_space_2=rs[1], reserve_space_3=E, epsilon=eps,
+                           data_format=fmt, is_training=training)
+                # (TF's CPU kernel has no NCHW gradient with frozen statistics)
+                g = oracle.run_tf("FusedBatchNormGradV3", gkw) if training or \
+                    fmt == "NHWC" else None
+                for impl in ("kernel", "reference"):
+                    with tfgrad.use_impl(impl):
+                        got = raw.FusedBatchNormV3(**fkw)
+                        what = f"{impl} {shape} {fmt} {training} {eps}"
+                        for i in range(3 + 2 * training):  # reserve spaces: training only
+                            oracle.assert_same(got[i], f[i], what=f"{what} out {i}")
+                        if g is not None:
+                            oracle.assert_outputs("FusedBatchNormGradV3",
+                                                  raw.FusedBatchNormGradV3(**gkw), g,
+                                                  what=what)
+
+
+# --------------------------------------------------------------------------------------
 # Properties: kernel == reference
 # --------------------------------------------------------------------------------------
 @st.composite
@@ -256,10 +400,11 @@ def _kernel_vs_reference(shape, seed, training, fmt="NHWC", specials=True):
     c = shape[-1] if fmt == "NHWC" else shape[1]
     x = (rng.standard_normal(shape) * 2 + 1).astype(F32)
     dy = rng.standard_normal(shape).astype(F32)
-    # specials reach every lane position: NaN, +-inf and -0 must travel as TF's do
+    # specials reach every lane position: NaN, +-inf, -0 and denormals (read as +-0)
+    # must travel as TF's do
     if specials:
         flat = x.reshape(-1)
-        flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -0.0]
+        flat[rng.integers(0, flat.size, 5)] = [np.nan, np.inf, -0.0, 1e-39, -1e-39]
     vec = [rng.standard_normal(c).astype(F32) for _ in range(3)]
     var = (rng.random(c) + 0.1).astype(F32)
     calls = [("FusedBatchNormV3", dict(x=x, scale=vec[0], offset=vec[1], mean=vec[2],
@@ -448,4 +593,10 @@ def test_redux_row_block_model():
     assert bn.redux_row_block(1000, 8, 4, 2) == 1000  # below Eigen's parallel cost
     assert bn.redux_row_block(10**5, 8, 4, 2) == 50000
     assert bn.redux_row_block(10**5, 8, 4, 4) == 25000
+    # Two blocks that Eigen's cost model runs in one call: TF adds the empty second (+0).
+    assert bn.redux_plan(1000, 8, 4, 2) == (1000, True)
+    assert bn.redux_plan(10**5, 8, 4, 2) == (50000, False)
+    assert bn.redux_plan(10**6, 65, 4, 2) == (10**6, False)
+    assert bn.redux_plan(1000, 8, 4, 1) == (1000, False)
+    assert bn.redux_plan(3, 24, 4, 2) == (3, False)  # too little work for two blocks
     json.dumps(bn.tf_thread_count())  # an int

@@ -257,6 +257,80 @@ def test_negative_zero_gradients_come_back_positive():
         assert not np.signbit(out).any()
 
 
+@pytest.mark.parametrize("depth", [1, 16])  # 16 float32: the register-blocked kernels
+def test_denormals_flush_as_tf(depth):
+    """TF runs its kernels with FTZ and DAZ set: a denormal reads as 0 in sums and
+    comparisons, and TF's max (an x86 max instruction) returns it as a zero of its sign;
+    the first of equal values stays (-0 before +0)."""
+    sub = F32(1e-39)
+    x = np.full((1, 2, 2, depth), sub, F32)
+    x[0, 0, 0] = -sub
+    seq = np.array([0, 2])
+    kw = dict(pooling_ratio=[1.0, 2.0, 2.0, 1.0], pseudo_random=False, overlapping=False,
+              deterministic=True, seed=1, seed2=1)
+    for y in _both(lambda: raw.FractionalMaxPool(value=x, **kw).output):
+        assert y.shape == (1, 1, 1, depth) and not y.any() and np.signbit(y).all()
+    for y in _both(lambda: raw.FractionalAvgPool(value=x, **kw).output):
+        assert not y.any()
+    g = np.full((1, 1, 1, depth), sub, F32)
+    for out in _both(lambda: raw.FractionalAvgPoolGrad(
+            orig_input_tensor_shape=[1, 2, 2, depth], out_backprop=g,
+            row_pooling_sequence=seq, col_pooling_sequence=seq)):
+        assert not out.any()
+    # the replayed maxima are the raw denormals, equal to TF's flushed zeros under DAZ;
+    # the denormal g then adds as 0
+    for out in _both(lambda: raw.FractionalMaxPoolGrad(
+            orig_input=x, orig_output=np.full((1, 1, 1, depth), -0.0, F32), out_backprop=g,
+            row_pooling_sequence=seq, col_pooling_sequence=seq)):
+        assert not out.any()
+    assert sub * F32(1) != 0  # the caller's environment is unchanged
+
+
+@pytest.mark.parametrize("depth", [1, 16])
+def test_max_grad_sum_flushed_to_minus_zero_stays(depth):
+    """Input (1, 1) is the maximum of cells (0, 0) and (0, 1) but not of the two below:
+    TF adds g00 + g01 = -5e-40, which flushes to -0, and nothing more."""
+    x = np.array([[0, 0, 0], [0, 5, 0], [9, 0, 9]], F32).reshape(1, 3, 3, 1)
+    g = np.array([1.9e-38, -1.95e-38, 1, 1], F32).reshape(1, 2, 2, 1)
+    x, g = np.repeat(x, depth, axis=3), np.repeat(g, depth, axis=3)
+    y = np.repeat(np.array([5, 5, 9, 9], F32).reshape(1, 2, 2, 1), depth, axis=3)
+    seq = np.array([0, 1, 2])
+    for out in _both(lambda: raw.FractionalMaxPoolGrad(
+            orig_input=x, orig_output=y, out_backprop=g, row_pooling_sequence=seq,
+            col_pooling_sequence=seq, overlapping=True)):
+        assert not out[0, 1, 1].any() and np.signbit(out[0, 1, 1]).all()
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_live_denormal_inputs(dtype):
+    """Inputs and gradients in and around the denormal range, serial and threaded
+    kernels, bit-identical to TF (zeros' signs included)."""
+    rng = np.random.default_rng(3)
+    scales = {F32: (1e-39, 1e-37), F64: (1e-310, 1e-307)}[dtype]
+    for shape in ((2, 9, 11, 3), (2, 13, 10, 16), (4, 60, 50, 16)):
+        for sc in scales:
+            x = (rng.standard_normal(shape) * sc).astype(dtype)
+            kw = dict(pooling_ratio=[1.0, 1.44, 1.73, 1.0], pseudo_random=True,
+                      overlapping=True, deterministic=True, seed=7, seed2=3)
+            for op, gop in (("FractionalAvgPool", "FractionalAvgPoolGrad"),
+                            ("FractionalMaxPool", "FractionalMaxPoolGrad")):
+                want = oracle.run_tf(op, dict(kw, value=x))
+                g = (rng.standard_normal(want[0].shape) * sc).astype(dtype)
+                seqs = dict(row_pooling_sequence=want[1], col_pooling_sequence=want[2],
+                            overlapping=True)
+                gkw = dict(orig_input_tensor_shape=np.array(shape, I64), out_backprop=g,
+                           **seqs) if op == "FractionalAvgPool" else dict(
+                    orig_input=x, orig_output=want[0], out_backprop=g, **seqs)
+                gwant = oracle.run_tf(gop, gkw)
+                for impl in ("kernel", "reference"):
+                    with tfgrad.use_impl(impl):
+                        oracle.assert_same(getattr(raw, op)(value=x, **kw).output, want[0],
+                                           what=f"{impl} {op} {shape} {sc}")
+                        oracle.assert_same(getattr(raw, gop)(**gkw), gwant,
+                                           what=f"{impl} {gop} {shape} {sc}")
+
+
 def test_max_grad_rejects_small_inputs_like_tf():
     # TF checks len(rows) * len(cols) <= orig_input.size, which fails for the forward op's
     # own sequences on tiny inputs: [1,2,2,2] at ratio 1 has 3 * 3 = 9 > 8 elements.

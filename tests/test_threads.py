@@ -61,3 +61,37 @@ def test_concurrent_calls_match_serial():
                        text=True, timeout=900)
     assert p.returncode == 0, (f"threaded calls failed (exit {p.returncode}):\n"
                                f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+
+
+_WORKERS = """
+import numba, numpy as np
+import tfgrad
+r = tfgrad.raw_ops
+x = np.full((4, 64, 64, 32), 1e-39, np.float32)  # big enough for the threaded kernels
+c = np.ones(32, np.float32)
+r.FusedBatchNormV3(x=x, scale=c, offset=c, mean=c, variance=c, is_training=False)
+r.DepthwiseConv2dNative(input=x, filter=np.ones((3, 3, 32, 1), np.float32),
+                        strides=[1, 1, 1, 1], padding="SAME")
+r.FractionalAvgPool(value=x, pooling_ratio=[1.0, 1.5, 1.5, 1.0], deterministic=True,
+                    seed=1, seed2=1)
+
+@numba.njit(parallel=True)
+def products(a):
+    out = np.empty(a.size, np.float32)
+    for i in numba.prange(a.size):
+        out[i] = a[i] * np.float32(1e-20)
+    return out
+
+main = np.float32(1e-20) * np.float32(1e-20)
+print(int((products(np.full(4096, 1e-20, np.float32)) != 0).sum()), int(main != 0))
+"""
+
+
+def test_numba_worker_threads_keep_their_floating_point_environment():
+    """The ops flush denormals as TF (FTZ / DAZ) on the calling thread and in each
+    parallel loop body, and put every thread's MXCSR back: the user's own Numba code
+    still computes denormals afterwards, on the caller and on Numba's workers (which
+    tfgrad starts before its first flushed block, as a new thread inherits MXCSR)."""
+    out = subprocess.run([sys.executable, "-c", _WORKERS], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["4096", "1"]

@@ -2,11 +2,15 @@
 
 TF runs its CPU kernels with the MXCSR bits FTZ (a denormal result becomes a zero of its
 sign) and DAZ (a denormal operand reads as zero) set, in its pool threads and around
-every op (``port::ScopedFlushDenormal``). The depthwise convolutions therefore give 0,
-not a denormal, for ``[1e-20] * [1e-20]`` in float32, and read a 1e-39 input as 0.
+every op (``port::ScopedFlushDenormal``). Its kernels therefore give 0, not a
+denormal, for ``1e-20 * 1e-20`` in float32, and read a 1e-39 input as 0; the depthwise,
+batch-norm and fractional-pooling ops (fake quant flushes with explicit bit operations)
+run under ``flush_denormals()``.
 ``flush_denormals()`` sets the same bits around a block on the calling thread and puts
 them back after, so the NumPy references and the Numba kernels compute TF's bits without
-changing the caller's floating-point environment. MXCSR governs SSE / AVX arithmetic
+changing the caller's floating-point environment. Numba's ``prange`` worker threads are
+not the caller's: a parallel kernel sets the bits in its loop body and puts them back at
+the end of it (``kernels._simd.ftz_enter`` / ``ftz_exit``). MXCSR governs SSE / AVX arithmetic
 (float32 and float64; the half types are computed in float32).
 
 x86-64 only: elsewhere the block runs in the default environment (no flushing) and
@@ -17,72 +21,40 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import threading
 from collections.abc import Iterator
-from typing import Any
 
-_FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) and bit 6 (denormals are zero)
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
-_LOCK = threading.Lock()
-_FNS: tuple[Any, Any] | None = None
+
+_WORKERS_STARTED = False
 
 
-def _functions() -> tuple[Any, Any]:
-    """Numba functions reading and writing this thread's MXCSR (compiled on first use)."""
-    global _FNS
-    if _FNS is not None:  # (every op call comes here: no lock once compiled)
-        return _FNS
-    with _LOCK:
-        if _FNS is None:
-            from llvmlite import ir
-            from numba import njit, types
-            from numba.core import cgutils
-            from numba.extending import intrinsic
+def _start_numba_workers() -> None:
+    """Start Numba's worker threads before the first flushed block: a new thread takes
+    the MXCSR of the thread that starts it, and workers started inside a block would
+    keep FTZ / DAZ for good (the kernels restore what a worker had, see above)."""
+    global _WORKERS_STARTED
+    if _WORKERS_STARTED:
+        return
+    import numba
 
-            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    from .kernels._simd import touch_workers
 
-            def _csr(builder, name, slot):  # type: ignore[no-untyped-def]
-                fn = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(ir.VoidType(), [i8p]), name)
-                builder.call(fn, [builder.bitcast(slot, i8p)])
-
-            @intrinsic
-            def _stmxcsr(typingctx):  # type: ignore[no-untyped-def]
-                def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-                    slot = cgutils.alloca_once(builder, i32)
-                    _csr(builder, "llvm.x86.sse.stmxcsr", slot)
-                    return builder.zext(builder.load(slot), ir.IntType(64))
-
-                return types.int64(), codegen
-
-            @intrinsic
-            def _ldmxcsr(typingctx, v):  # type: ignore[no-untyped-def]
-                def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-                    slot = cgutils.alloca_once(builder, i32)
-                    builder.store(builder.trunc(args[0], i32), slot)
-                    _csr(builder, "llvm.x86.sse.ldmxcsr", slot)
-                    return context.get_dummy_value()
-
-                return types.none(types.int64), codegen
-
-            @njit(cache=True)
-            def get() -> int:  # pragma: no cover - compiled
-                return _stmxcsr()
-
-            @njit(cache=True)
-            def put(v: int) -> None:  # pragma: no cover - compiled
-                _ldmxcsr(v)
-
-            _FNS = (get, put)
-    return _FNS
+    mask = numba.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
+    try:
+        touch_workers(4 * numba.config.NUMBA_NUM_THREADS)
+    finally:
+        numba.set_num_threads(mask)
+    _WORKERS_STARTED = True
 
 
 def flush_this_thread() -> None:
     """Set FTZ and DAZ on this thread for good (for tfgrad's own pool threads)."""
     if X86:
-        get, put = _functions()
-        put(get() | _FTZ_DAZ)
+        from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
+
+        mxcsr_put(mxcsr_get() | FTZ_DAZ)
 
 
 @contextlib.contextmanager
@@ -91,10 +63,12 @@ def flush_denormals() -> Iterator[None]:
     if not X86:
         yield
         return
-    get, put = _functions()
-    old = get()
-    put(old | _FTZ_DAZ)
+    from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
+
+    _start_numba_workers()
+    old = mxcsr_get()
+    mxcsr_put(old | FTZ_DAZ)
     try:
         yield
     finally:
-        put(old)
+        mxcsr_put(old)

@@ -21,6 +21,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from .._fpenv import X86
+
 
 class Vec(types.Type):
     """A SIMD vector of ``lanes`` values of ``dtype`` (a Numba float type)."""
@@ -235,6 +237,36 @@ vmax_keep = _binary(
     "comparisons.", lambda bd, a, b: bd.select(bd.fcmp_ordered("<", a, b), b, a))
 
 
+@intrinsic
+def flush_denormal(typingctx, a):  # type: ignore[no-untyped-def]
+    """a with a denormal (per lane) replaced by the zero of its sign, whatever MXCSR
+    says: what an x86 max instruction returns under DAZ (TF's max pooling)."""
+    if isinstance(a, Vec):
+        ft, lanes = a.dtype, a.lanes
+    elif a in (types.float32, types.float64):
+        ft, lanes = a, 0
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        f32 = ft == types.float32
+        fty = ir.FloatType() if f32 else ir.DoubleType()
+        ity = ir.IntType(32 if f32 else 64)
+        tiny = fty(float(np.finfo(np.float32 if f32 else np.float64).tiny))
+        sign = ity(1 << (31 if f32 else 63))
+        if lanes:
+            fty, ity = ir.VectorType(fty, lanes), ir.VectorType(ity, lanes)
+            tiny, sign = ir.Constant(fty, [tiny] * lanes), ir.Constant(ity, [sign] * lanes)
+        fabs = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(fty, [fty]),
+            f"llvm.fabs.{f'v{lanes}' if lanes else ''}{'f32' if f32 else 'f64'}")
+        small = builder.fcmp_ordered("<", builder.call(fabs, [args[0]]), tiny)
+        zero = builder.bitcast(builder.and_(builder.bitcast(args[0], ity), sign), fty)
+        return builder.select(small, zero, args[0])
+
+    return a(a), codegen
+
+
 def _ternary_select(name, doc, pred):  # type: ignore[no-untyped-def]
     def typer(typingctx, a, b, x, y):  # type: ignore[no-untyped-def]
         if not (isinstance(a, Vec) and b == a and x == a and y == a):
@@ -300,6 +332,83 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     return types.none(arr, i), codegen
 
 
-__all__ = ["Vec", "nlanes", "prefetch", "store_fn", "vadd", "vany_ne", "vdiv", "vfull", "vload",
-           "vmax_keep", "vmul", "vmuladd", "vstore", "vstore_nt", "vsub", "vwhere_eq",
+# TF's floating-point environment (see tfgrad._fpenv): MXCSR read and written from
+# compiled code, so that a parallel kernel's body can run with FTZ / DAZ on Numba's
+# worker threads and leave them as it found them.
+FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) and bit 6 (denormals are zero)
+
+
+def _mxcsr_call(builder, name, slot):  # type: ignore[no-untyped-def]
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(ir.VoidType(), [i8p]), name)
+    builder.call(fn, [builder.bitcast(slot, i8p)])
+
+
+@intrinsic
+def _stmxcsr(typingctx):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        slot = cgutils.alloca_once(builder, ir.IntType(32))
+        _mxcsr_call(builder, "llvm.x86.sse.stmxcsr", slot)
+        return builder.zext(builder.load(slot), ir.IntType(64))
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _ldmxcsr(typingctx, v):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        slot = cgutils.alloca_once(builder, ir.IntType(32))
+        builder.store(builder.trunc(args[0], ir.IntType(32)), slot)
+        _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", slot)
+        return context.get_dummy_value()
+
+    return types.none(types.int64), codegen
+
+
+if X86:
+
+    @numba.njit(inline="always")
+    def ftz_enter():  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        """Set FTZ and DAZ on this thread; returns the MXCSR to give ftz_exit."""
+        old = _stmxcsr()
+        _ldmxcsr(old | FTZ_DAZ)
+        return old
+
+    @numba.njit(inline="always")
+    def ftz_exit(old):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        _ldmxcsr(old)
+
+    @numba.njit(cache=True)
+    def mxcsr_get() -> int:  # pragma: no cover - compiled
+        return _stmxcsr()
+
+    @numba.njit(cache=True)
+    def mxcsr_put(v: int) -> None:  # pragma: no cover - compiled
+        _ldmxcsr(v)
+
+    @numba.njit(parallel=True, cache=True)
+    def touch_workers(n: int) -> int:  # pragma: no cover - compiled
+        """A parallel loop of n iterations (starts Numba's worker threads)."""
+        s = 0
+        for i in numba.prange(n):
+            s += i
+        return s
+
+else:  # pragma: no cover - elsewhere the default environment (see tfgrad._fpenv)
+
+    @numba.njit(inline="always")
+    def ftz_enter():  # type: ignore[no-untyped-def]
+        return 0
+
+    @numba.njit(inline="always")
+    def ftz_exit(old):  # type: ignore[no-untyped-def]
+        pass
+
+    mxcsr_get = mxcsr_put = touch_workers = None  # type: ignore[assignment]
+
+
+__all__ = ["FTZ_DAZ", "Vec", "flush_denormal", "ftz_enter", "ftz_exit", "mxcsr_get", "mxcsr_put",
+           "nlanes", "prefetch", "store_fn", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
+           "vload", "vmax_keep", "vmul", "vmuladd", "vstore", "vstore_nt", "vsub", "vwhere_eq",
            "vwhere_lt", "vzeros"]

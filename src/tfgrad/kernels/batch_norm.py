@@ -30,6 +30,10 @@ are parallel over anything. Passes over the data:
   their sums then the write pass while their values are in cache; the write pass in
   whole vectors (``_span``), non-temporal for large outputs.
 
+Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``). The op sets
+them on the calling thread; every parallel loop body sets them on its own (Numba's)
+thread with ``ftz_enter`` and restores that thread's MXCSR with ``ftz_exit``.
+
 No temporary the size of x is allocated for float32; float16 / bfloat16 inputs are
 converted to a float32 copy (Numba has no half types). Problems under 65536 elements run
 single-threaded twins of the kernels (waking a thread pool costs more than the work).
@@ -49,6 +53,8 @@ from numba.extending import intrinsic
 from ._simd import (
     STREAM_MIN_BYTES,
     aligned_empty,
+    ftz_enter,
+    ftz_exit,
     prefetch,
     store_fn,
     vadd,
@@ -224,6 +230,7 @@ def _stats_nhwc(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
     nblk = (C + cb - 1) // cb
     empty = np.zeros(0, np.float32)
     for blk in prange(nblk):
+        fz = ftz_enter()
         c0 = blk * cb
         c1 = min(C, c0 + cb)
         w = c1 - c0
@@ -244,6 +251,7 @@ def _stats_nhwc(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
         for t in range(w):
             mean[c0 + t] = m[t]
             var[c0 + t] = v[t] * inv
+        ftz_exit(fz)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -251,12 +259,14 @@ def _affine_rows(x: np.ndarray, R: int, C: int, a: np.ndarray, b: np.ndarray, c:
                  y: np.ndarray) -> None:
     """y = (x - a) * b + c per channel on flat [R, C], in parallel over row blocks."""
     for blk in prange((R + _ROWS - 1) // _ROWS):
+        fz = ftz_enter()
         for j in range(blk * _ROWS, min(R, blk * _ROWS + _ROWS)):
             base = uint64(j * C)
             for t in range(C):
                 i = base + uint64(t)
                 q = uint64(t)
                 y[i] = (x[i] - a[q]) * b[q] + c[q]
+        ftz_exit(fz)
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -350,6 +360,7 @@ def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: 
     k8 = (C // 8) * 8
     inv = _F32(1) / _F32(R)
     for pair in prange((C + 1) // 2):
+        fz = ftz_enter()
         c0 = 2 * pair
         nc = min(2, C - c0)
         four = c0 < k8 and R >= 16
@@ -373,6 +384,7 @@ def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: 
             for n in range(N):
                 b = (n * C + c) * S
                 _span(0, x, x, y, b, b + S, m[t], sf, off, m[t], stream)
+        ftz_exit(fz)
 
 
 # --------------------------------------------------------------------------------------
@@ -380,19 +392,22 @@ def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: 
 # --------------------------------------------------------------------------------------
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
-                    mean: np.ndarray, c0s: np.ndarray, training: bool, sums: np.ndarray) -> None:
+                    z0: np.float32, mean: np.ndarray, c0s: np.ndarray, training: bool,
+                    sums: np.ndarray) -> None:
     """The gradient's column sums on flat [R, C] into sums[3, C] = (sum dy*(xc*c0s) [training
     only], sum dy, sum dy*xc), in parallel over blocks of ``cb <= _SLOT`` channels: rows in
-    sequence, partial sums over row blocks of ``rb`` added in order."""
+    sequence, partial sums over row blocks of ``rb`` added in order to ``z0`` (see
+    _nchw_sums1)."""
     nblk = (C + cb - 1) // cb
     for blk in prange(nblk):
+        fz = ftz_enter()
         c0 = blk * cb
         c1 = min(C, c0 + cb)
         w = c1 - c0
         w1, w2, w3, w4 = uint64(_SLOT), uint64(2 * _SLOT), uint64(3 * _SLOT), uint64(4 * _SLOT)
         # [p_sb | p_ob | p_sx | mean | c0s] in slots of _SLOT (see _eigen_sum_nhwc)
         buf = np.zeros(5 * _SLOT, np.float32)
-        tot = np.zeros(3 * _SLOT, np.float32)
+        tot = np.full(3 * _SLOT, z0, np.float32)
         for t in range(w):
             buf[3 * _SLOT + t] = mean[c0 + t]
             buf[4 * _SLOT + t] = c0s[c0 + t]
@@ -421,6 +436,7 @@ def _grad_sums_nhwc(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: 
         for q in range(3):
             for t in range(w):
                 sums[q, c0 + t] = tot[q * _SLOT + t]
+        ftz_exit(fz)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -429,6 +445,7 @@ def _dx_rows(dy: np.ndarray, x: np.ndarray, R: int, C: int, f1: np.ndarray, f2: 
     """x_backprop on flat [R, C] in parallel over row blocks: f1*((dy - f3) - (x - m)*f2)
     (training; TF's coef1, coef2 and mean of dy) or dy*f1 (frozen statistics)."""
     for blk in prange((R + _ROWS - 1) // _ROWS):
+        fz = ftz_enter()
         for j in range(blk * _ROWS, min(R, blk * _ROWS + _ROWS)):
             base = uint64(j * C)
             if training:
@@ -440,15 +457,20 @@ def _dx_rows(dy: np.ndarray, x: np.ndarray, R: int, C: int, f1: np.ndarray, f2: 
                 for t in range(C):
                     i = base + uint64(t)
                     dx[i] = dy[i] * f1[uint64(t)]
+        ftz_exit(fz)
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, c: int,
-                m: np.float32, k: np.float32, training: bool, out: np.ndarray) -> None:
+def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
+                z0: np.float32, c: int, m: np.float32, k: np.float32, training: bool,
+                out: np.ndarray) -> None:
     """Grad sums of one channel of flat [N, C, S] over rows j = n*S + s in sequence (row
-    blocks of ``rb`` summed separately, then added in order) into out[0:3]."""
+    blocks of ``rb`` summed separately from +0, then added in order to ``z0``) into
+    out[0:3]. ``z0``: -0, which passes the first block's sum through unchanged as TF's
+    combine does (a sum flushed to -0 stays -0), or +0 where TF adds zero blocks after
+    (ops.batch_norm.redux_plan)."""
     R = N * S
-    t_sb = t_ob = t_sx = _F32(0)
+    t_sb = t_ob = t_sx = z0
     for seg in range(0, R, rb):
         p_sb = p_ob = p_sx = _F32(0)
         j = seg
@@ -474,8 +496,9 @@ def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, 
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, c: int,
-                mean: np.ndarray, c0s: np.ndarray, out: np.ndarray) -> None:
+def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
+                z0: np.float32, c: int, mean: np.ndarray, c0s: np.ndarray,
+                out: np.ndarray) -> None:
     """Training grad sums of channels c..c+3 at once: 12 independent sequential chains
     instead of 3 (a sequential float sum is bound by the add latency)."""
     R = N * S
@@ -483,7 +506,7 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, 
     k0, k1, k2, k3 = c0s[c], c0s[c + 1], c0s[c + 2], c0s[c + 3]
     st = uint64(S)
     for q in range(12):
-        out[q] = 0
+        out[q] = z0
     for seg in range(0, R, rb):
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = d0 = d1 = d2 = d3 = _F32(0)
         j = seg
@@ -529,22 +552,23 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int, 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
-               scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray, c0d: np.ndarray,
-               training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
+               z0: np.float32, scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray,
+               c0d: np.ndarray, training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
                stream: bool) -> None:
     """NCHW gradient in groups of 4 channels: the sums (rows j = n*S + s in sequence, per
     channel), then dx while the group's values are in cache."""
     R = N * S
     inv = _F32(1) / _F32(R)
     for grp in prange((C + 3) // 4):
+        fz = ftz_enter()
         c0 = 4 * grp
         nc = min(4, C - c0)
         sums = np.empty(12, np.float32)  # (sb, ob, sx) per channel
         if training and nc == 4:
-            _nchw_sums4(dy, x, N, C, S, rb, c0, mean, c0s, sums)
+            _nchw_sums4(dy, x, N, C, S, rb, z0, c0, mean, c0s, sums)
         else:
             for t in range(nc):
-                _nchw_sums1(dy, x, N, C, S, rb, c0 + t, mean[c0 + t], c0s[c0 + t],
+                _nchw_sums1(dy, x, N, C, S, rb, z0, c0 + t, mean[c0 + t], c0s[c0 + t],
                             training, sums[3 * t:])
         for t in range(nc):
             c = c0 + t
@@ -564,6 +588,7 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                 for n in range(N):
                     b = (n * C + c) * S
                     _span(2, dy, x, dx, b, b + S, f1, f1, f1, f1, stream)
+        ftz_exit(fz)
 
 
 # --------------------------------------------------------------------------------------
@@ -675,6 +700,7 @@ def _stats_nhwc_vec(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
     inv = _F32(1) / _F32(R)
     four = R >= 16
     for blk in prange((C + cb - 1) // cb):
+        fz = ftz_enter()
         c0 = blk * cb
         nv = min(cb, C - c0) // _L
         z = vzeros(x)
@@ -684,6 +710,7 @@ def _stats_nhwc_vec(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
         a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, True, m0, m1, m2, m3)
         _store4(mean, c0, nv, m0, m1, m2, m3)
         _store4(var, c0, nv, vmul(a0, f), vmul(a1, f), vmul(a2, f), vmul(a3, f))
+        ftz_exit(fz)
 
 
 def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no-untyped-def]
@@ -698,6 +725,7 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
     def rows(dy, x, R, C, a, b, c, m, out):  # type: ignore[no-untyped-def]
         nblk = (R + _ROWS - 1) // _ROWS
         for blk in prange(nblk):
+            fz = ftz_enter()
             for j in range(blk * _ROWS, min(R, blk * _ROWS + _ROWS)):
                 base = uint64(j) * uint64(C)
                 for t in range(0, C, _L):
@@ -710,6 +738,7 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
                         xc = vmul(vsub(vload(x, i), vload(m, q)), vload(b, q))
                         put(out, i, vmul(vload(a, q), vsub(vsub(vload(dy, i), vload(c, q)),
                                                            xc)))
+            ftz_exit(fz)
 
     # One cache entry per variant: Numba's cache is keyed by the qualified name.
     rows.__name__ = rows.__qualname__ = (
@@ -789,7 +818,7 @@ def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx):  # type: ignore[no-unt
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
-                        mean: np.ndarray, kc: np.ndarray, training: bool,
+                        z0: np.float32, mean: np.ndarray, kc: np.ndarray, training: bool,
                         sums: np.ndarray, dx: np.ndarray) -> None:
     """_grad_sums_nhwc for C % 16 == 0, same order (rows in sequence; partial sums over
     row blocks of ``rb`` added in order), the accumulators of up to four channel vectors
@@ -799,12 +828,13 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
     cc = uint64(C)
     st = uint64(C + 4 * _L)
     for blk in prange((C + cb - 1) // cb):
+        fz = ftz_enter()
         c0 = blk * cb
         nv = min(cb, C - c0) // _L
         ms = _load4(mean, c0)
         ks = _load4(kc, c0)
         z = vzeros(x)
-        tot = np.zeros(12 * _L, np.float32)
+        tot = np.full(12 * _L, z0, np.float32)
         for seg in range(0, R, rb):
             a0 = b0 = d0 = a1 = b1 = d1 = a2 = b2 = d2 = a3 = b3 = d3 = z
             for j in range(seg, min(R, seg + rb)):
@@ -835,6 +865,7 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
             for k in range(3):
                 vstore(sums, uint64(k) * st + uint64(c0 + v * _L),
                        vload(tot, uint64((3 * v + k) * _L)))
+        ftz_exit(fz)
 
 
 # Small problems run the same kernels compiled without threads: waking a thread pool
@@ -948,11 +979,13 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
 
 def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var: np.ndarray,
          eps: float, channel_last: bool, is_training: bool,
-         row_block: int) -> tuple[np.ndarray, ...]:
+         row_block: int, merged: bool) -> tuple[np.ndarray, ...]:
     """FusedBatchNormGrad on a non-empty x with R > 1 rows: (x_backprop, scale_backprop,
-    offset_backprop). ``row_block``: rows per partial sum (TF's thread split; R: none)."""
+    offset_backprop). ``row_block``, ``merged``: TF's thread split of the sums
+    (ops.batch_norm.redux_plan)."""
     N, C, S = _layout(x, channel_last)
     R = N * S
+    z0 = np.float32(0.0 if merged else -0.0)  # what the partial sums are added to
     a = _vec(var) + np.float32(eps)
     if is_training:
         c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
@@ -967,7 +1000,7 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     ob = np.empty(C, np.float32)
     args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
     if not channel_last:
-        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, *args,
+        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, z0, *args,
                                                _streams(dxf))
     else:
         if vec:
@@ -976,13 +1009,13 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
             # with frozen statistics dx = dy * (rsqrt(var + eps) * scale) in this pass
             kc = c0s if is_training else c0d * args[0]
             _pick(_grad_sums_nhwc_vec, xf.size, -(-C // cb))(
-                dyf, xf, R, C, cb, row_block, _padded(args[1]), _padded(kc),
+                dyf, xf, R, C, cb, row_block, z0, _padded(args[1]), _padded(kc),
                 bool(is_training), sp.reshape(-1), dxf)
             sums = sp[:, :C]
         else:
             sums = np.empty((3, C), np.float32)
             cb = _channel_block(C)
-            _pick(_grad_sums_nhwc, xf.size, -(-C // cb))(dyf, xf, R, C, cb, row_block,
+            _pick(_grad_sums_nhwc, xf.size, -(-C // cb))(dyf, xf, R, C, cb, row_block, z0,
                                                          args[1], c0s, bool(is_training), sums)
         ob[:] = sums[1]
         with np.errstate(all="ignore"):  # the same float32 operations as _grad_nchw

@@ -3,7 +3,9 @@
 Cells arrive as start/end (inclusive, clamped) index arrays that ``tfgrad.ops.
 fractional_pool`` has validated: every index a kernel touches lies inside its arrays.
 Each output element is owned by exactly one loop iteration and is computed in TF's order,
-so the results do not depend on the thread count.
+so the results do not depend on the thread count. Each parallel loop body runs with TF's
+FTZ / DAZ (``ftz_enter`` / ``ftz_exit``, see ``tfgrad._fpenv``); the op sets them on the
+calling thread.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from numba import prange
 
 from ._simd import (
     STREAM_MIN_BYTES,
+    flush_denormal,
+    ftz_enter,
+    ftz_exit,
     nlanes,
     prefetch,
     store_fn,
@@ -105,6 +110,7 @@ def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
     for t in prange(n * mr):
+        fz = ftz_enter()
         b = t // mr
         i = t - b * mr
         for j in range(mc):
@@ -118,6 +124,7 @@ def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
                         v = xf[xb + d]
                         a = of[ob + d]
                         of[ob + d] = v if a < v else a
+        ftz_exit(fz)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -129,6 +136,7 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
     for t in prange(n * mr):
+        fz = ftz_enter()
         b = t // mr
         i = t - b * mr
         for j in range(mc):
@@ -147,6 +155,7 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
                 if s < 0 and q * count != s:
                     q += 1
                 of[ob + d] = q
+        ftz_exit(fz)
 
 
 def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
@@ -164,6 +173,11 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     def acc(a, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
         return vmax_keep(a, v) if is_max else vadd(a, v)
 
+    @numba.njit(inline="always")
+    def fin(a, cnt):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        # TF's max is an x86 max instruction, which under DAZ returns a denormal as 0
+        return flush_denormal(a) if is_max else vdiv(a, cnt)
+
     put = store_fn(stream)
 
     @numba.njit(parallel=True, cache=True)
@@ -177,6 +191,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
         D1 = D - D % L
         WD = W * D
         for t in prange(n * mr):
+            fz = ftz_enter()
             b = t // mr
             i = t - b * mr
             nh = re[i] - rs[i] + 1
@@ -208,9 +223,8 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
                             a7 = acc(a7, vload(xf, k + 7 * L))
                             k += D
                         kr += WD
-                    if not is_max:
-                        a0, a1, a2, a3 = vdiv(a0, cnt), vdiv(a1, cnt), vdiv(a2, cnt), vdiv(a3, cnt)
-                        a4, a5, a6, a7 = vdiv(a4, cnt), vdiv(a5, cnt), vdiv(a6, cnt), vdiv(a7, cnt)
+                    a0, a1, a2, a3 = fin(a0, cnt), fin(a1, cnt), fin(a2, cnt), fin(a3, cnt)
+                    a4, a5, a6, a7 = fin(a4, cnt), fin(a5, cnt), fin(a6, cnt), fin(a7, cnt)
                     put(of, o + d, a0)
                     put(of, o + d + L, a1)
                     put(of, o + d + 2 * L, a2)
@@ -228,7 +242,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
                             a0 = acc(a0, vload(xf, k))
                             k += D
                         kr += WD
-                    put(of, o + d, a0 if is_max else vdiv(a0, cnt))
+                    put(of, o + d, fin(a0, cnt))
                 for d in range(D1, D):
                     s = lowest
                     kr = k0 + d
@@ -242,7 +256,8 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
                                 s = s + v
                             k += D
                         kr += WD
-                    of[o + d] = s if is_max else s / counts[i, j]
+                    of[o + d] = flush_denormal(s) if is_max else s / counts[i, j]
+            ftz_exit(fz)
 
     return kernel
 
@@ -280,6 +295,7 @@ def _avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, 
     n, mr, mc, depth = g.shape
     w_in = out.shape[2]
     for t in prange(n * mr):
+        fz = ftz_enter()
         b = t // mr
         r = t - b * mr
         q = np.empty((2, mc, depth), np.float64)  # slot 0: row r-1, slot 1: row r
@@ -312,6 +328,7 @@ def _avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, 
                         a = (((0.0 + q[s0, c0, d]) + q[s0, c1, d]) + q[s0 + 1, c0, d]) \
                             + q[s0 + 1, c1, d]
                         out[b, h, w, d] = _to_t(a, is_int, lo)
+        ftz_exit(fz)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -323,6 +340,7 @@ def _max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
     mr, mc = rs.size, cs.size
     bad = np.zeros(n * mr, np.bool_)
     for t in prange(n * mr):
+        fz = ftz_enter()
         b = t // mr
         r = t - b * mr
         best = np.empty(depth, x.dtype)
@@ -345,12 +363,13 @@ def _max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
                 if best[d] != y[b, r, c, d]:
                     bad[t] = True
                 arg[b, r, c, d] = code[d]
+        ftz_exit(fz)
     return not bad.any()
 
 
 @numba.njit(inline="always")
-def _pick(g, arg, b, r, c, d, k, zero):  # pragma: no cover - compiled
-    return g[b, r, c, d] if arg[b, r, c, d] == k else zero
+def _pick(g, arg, b, r, c, d, k, none):  # pragma: no cover - compiled
+    return g[b, r, c, d] if arg[b, r, c, d] == k else none
 
 
 @numba.njit(parallel=True, cache=True)
@@ -358,11 +377,13 @@ def _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first,
                    zero, out):  # pragma: no cover - compiled
     """Each input element gathers, in T from zero and in output row-major order, the g of
     the (at most 2 x 2) cells whose argmax it is: the sums TF's scatter makes, without
-    races. Adding a +0 of T for the other cells changes nothing: the running sum starts
-    at +0 and is never -0."""
+    races. The other cells add -0 (``none``), which changes no sum, not even a sum
+    flushed to -0 (TF's FTZ), which + 0 would turn into +0."""
     n, mr, mc, depth = g.shape
     w_in = out.shape[2]
+    none = -zero
     for t in prange(n * mr):
+        fz = ftz_enter()
         b = t // mr
         r = t - b * mr
         for h in range(own_lo[r], own_hi[r] + 1):
@@ -380,21 +401,22 @@ def _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first,
                 k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
                 if r0 == r1 and c0 == c1:
                     for d in range(depth):
-                        out[b, h, w, d] = zero + _pick(g, arg, b, r0, c0, d, k00, zero)
+                        out[b, h, w, d] = zero + _pick(g, arg, b, r0, c0, d, k00, none)
                 elif r0 == r1:
                     for d in range(depth):
-                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, zero)) \
-                            + _pick(g, arg, b, r0, c1, d, k01, zero)
+                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
+                            + _pick(g, arg, b, r0, c1, d, k01, none)
                 elif c0 == c1:
                     for d in range(depth):
-                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, zero)) \
-                            + _pick(g, arg, b, r1, c0, d, k10, zero)
+                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
+                            + _pick(g, arg, b, r1, c0, d, k10, none)
                 else:
                     for d in range(depth):
-                        v = zero + _pick(g, arg, b, r0, c0, d, k00, zero)
-                        v = v + _pick(g, arg, b, r0, c1, d, k01, zero)
-                        v = v + _pick(g, arg, b, r1, c0, d, k10, zero)
-                        out[b, h, w, d] = v + _pick(g, arg, b, r1, c1, d, k11, zero)
+                        v = zero + _pick(g, arg, b, r0, c0, d, k00, none)
+                        v = v + _pick(g, arg, b, r0, c1, d, k01, none)
+                        v = v + _pick(g, arg, b, r1, c0, d, k10, none)
+                        out[b, h, w, d] = v + _pick(g, arg, b, r1, c1, d, k11, none)
+        ftz_exit(fz)
 
 
 _ROWS_PER_TASK = 8
@@ -451,8 +473,8 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     put = store_fn(stream)
 
     @numba.njit(inline="always")
-    def pick(codes, s, i, pos, gf, j, zero):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
-        return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), zero)
+    def pick(codes, s, i, pos, gf, j, none):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+        return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), none)
 
     @numba.njit(parallel=True, cache=True)
     def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
@@ -464,6 +486,7 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
         per = (mr + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
         bad = np.zeros(n * per, np.bool_)
         for t in prange(n * per):
+            fz = ftz_enter()
             b = t // per
             r_lo = (t - b * per) * _ROWS_PER_TASK
             r_hi = min(r_lo + _ROWS_PER_TASK, mr)
@@ -472,6 +495,7 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
                 _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
                               (r_lo - 1) % 2 * mc * D, False)
             zero = vzeros(gf)
+            none = vfull(gf, -0.0)  # the other cells add -0: no sum changes (_max_pool_grad)
             for r in range(r_lo, r_hi):
                 if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
                                      r % 2 * mc * D, stream):
@@ -496,15 +520,16 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
                         g10 = ((b * mr + r1) * mc + c0) * D
                         g11 = ((b * mr + r1) * mc + c1) * D
                         for d in range(0, D, L):
-                            v = vadd(zero, pick(codes, s0, c0 * D + d, k00, gf, g00 + d, zero))
+                            v = vadd(zero, pick(codes, s0, c0 * D + d, k00, gf, g00 + d, none))
                             if c1 != c0:
-                                v = vadd(v, pick(codes, s0, c1 * D + d, k01, gf, g01 + d, zero))
+                                v = vadd(v, pick(codes, s0, c1 * D + d, k01, gf, g01 + d, none))
                             if r1 != r0:
-                                v = vadd(v, pick(codes, s1, c0 * D + d, k10, gf, g10 + d, zero))
+                                v = vadd(v, pick(codes, s1, c0 * D + d, k10, gf, g10 + d, none))
                                 if c1 != c0:
                                     v = vadd(v, pick(codes, s1, c1 * D + d, k11, gf, g11 + d,
-                                                     zero))
+                                                     none))
                             put(of, o + d, v)
+            ftz_exit(fz)
         return not bad.any()
 
     return kernel

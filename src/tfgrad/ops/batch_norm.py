@@ -60,6 +60,15 @@ TF's T-thread order (tests pin T = 1 and 2 against TF). Below that size, or with
 C > 32*T (C = 128 on up to 3 threads), every thread count gives the same sums.
 The forward's sums never depend on the thread count.
 
+Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``): a denormal
+input reads as 0 and a denormal result becomes a zero of its sign, so a sum can end at
+-0 (``(-1.97e-38 + 8.76e-38) - 6.80e-38`` is -1.6e-40, flushed). Which sign survives is
+TF's order: Eigen's column sum (forward) and each ReduceOuterDimensions block start
+from +0 and keep a -0 total; the blocks are added to the first, so -0 stays, except
+where Eigen's cost model runs all of them in one call: the rows all go into the first
+block and the untouched ones (+0) are still added, which makes the total +0
+(``redux_plan``; on 2 threads, e.g. C = 32 with a few rows).
+
 Empty inputs: with ``R*C == 0`` the forward returns an empty y and NaN batch_mean /
 batch_variance (as TF, even at inference); reserve_space_1/2, uninitialised in TF, are zeros
 (as oneDNN). The gradient returns an empty x_backprop and zero scale/offset backprops.
@@ -80,6 +89,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _config
+from .._fpenv import flush_denormals
 from .._validate import check_alloc, require, shape_str
 
 _F32 = np.float32
@@ -117,10 +127,12 @@ def _from_rows(rows: np.ndarray, shape: tuple[int, ...], channel_last: bool,
 # --------------------------------------------------------------------------------------
 def _seq_sum(a: np.ndarray) -> np.ndarray:
     """Column sums ``((0 + a[0]) + a[1]) + ...`` in float32 (np.add.accumulate is
-    sequential; ``+ 0`` turns a -0 total into +0, as starting from 0 does)."""
+    sequential). Starting from +0 matters: it turns a -0 first row into +0, while a sum
+    that flushes to -0 later (FTZ) stays -0, as in TF."""
     if a.shape[0] == 0:
         return np.zeros(a.shape[1], _F32)
-    return np.add.accumulate(a, axis=0, dtype=_F32)[-1] + _F32(0)
+    rows = np.concatenate([a[:1] + _F32(0), a[1:]]).astype(_F32, copy=False)
+    return np.add.accumulate(rows, axis=0)[-1]
 
 
 def tf_thread_count() -> int:
@@ -129,35 +141,44 @@ def tf_thread_count() -> int:
     return _config.tf_intra_op_threads()
 
 
-def redux_row_block(r: int, c: int, itemsize: int, threads: int) -> int:
-    """Rows per partial sum in TF's ``ReduceOuterDimensions`` on ``threads`` threads.
+def redux_plan(r: int, c: int, itemsize: int, threads: int) -> tuple[int, bool]:
+    """TF's ``ReduceOuterDimensions`` on ``threads`` threads: (rows per partial sum,
+    whether zero partial sums are added to the total after).
 
-    The partial sums (each from 0, rows in sequence) are added in order. One block (all
-    rows in sequence) unless C <= 32 * threads and the work is worth a second thread by
-    Eigen's cost model (parallelFor over the blocks, 1e5 cycles per thread)."""
+    The partial sums (each from +0, rows in sequence) are added in order, the first
+    unchanged. One block (all rows in sequence) unless C <= 32 * threads and there is
+    work for more than one block. When Eigen's cost model (parallelFor over the blocks,
+    1e5 cycles per thread) then runs all the blocks in one call, every row goes into the
+    first partial sum and TF still adds the other, untouched (+0) ones to it: the total
+    is ``sum + 0``, which turns a sum flushed to -0 into +0."""
     if threads <= 1 or r <= 1 or c > 32 * threads:
-        return max(r, 1)
+        return max(r, 1), False
     min_block_rows = -(-2000 // c)
     nb = min(r, -(-(r * c) // min_block_rows), threads)
     if nb <= 1:
-        return r
+        return r, False
     rows = -(-r // nb)
     per_block = rows * c * (itemsize * 11.0 / 64.0 + 1.0)
     if int((nb * per_block - 100000.0) / 100000.0 + 0.9) <= 1:
-        return r  # Eigen's parallelFor runs the whole range in one call
-    return rows
+        return r, True  # Eigen's parallelFor runs the whole range in one call
+    return rows, False
+
+
+def redux_row_block(r: int, c: int, itemsize: int, threads: int) -> int:
+    """Rows per partial sum in TF's ``ReduceOuterDimensions`` (see redux_plan)."""
+    return redux_plan(r, c, itemsize, threads)[0]
 
 
 def _redux_sum(a: np.ndarray, itemsize: int = 4) -> np.ndarray:
-    """TF's ``ReduceOuterDimensions`` sum over the rows of ``a`` (see redux_row_block)."""
+    """TF's ``ReduceOuterDimensions`` sum over the rows of ``a`` (see redux_plan)."""
     r, c = a.shape
     if r == 1:
         return a[0].copy()  # TF passes the single row through (a -0 stays -0)
-    block = redux_row_block(r, c, itemsize, tf_thread_count())
+    block, merged = redux_plan(r, c, itemsize, tf_thread_count())
     total = _seq_sum(a[:block])
     for start in range(block, r, block):
         total = total + _seq_sum(a[start:start + block])
-    return total
+    return total + _F32(0) if merged else total
 
 
 def colsum_eigen(a: np.ndarray) -> np.ndarray:
@@ -302,16 +323,16 @@ def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np
         zeros = np.zeros(c, _F32)
         return (np.empty(x.shape, x.dtype), nan, nan.copy(), zeros, zeros.copy()) + extra
 
-    if _config.use_reference():
-        with np.errstate(all="ignore"):  # inf and NaN are results here, as in TF
-            y, bm, bv, sm, sv = _reference_forward(x, scale, offset, mean, variance, epsilon,
-                                                   exponential_avg_factor, channel_last,
-                                                   is_training)
-    else:
-        from ..kernels import batch_norm as k
+    with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results, as TF's
+        if _config.use_reference():
+            y, bm, bv, sm, sv = _reference_forward(x, scale, offset, mean, variance,
+                                                   epsilon, exponential_avg_factor,
+                                                   channel_last, is_training)
+        else:
+            from ..kernels import batch_norm as k
 
-        y, bm, bv, sm, sv = k.forward(x, scale, offset, mean, variance, epsilon,
-                                      exponential_avg_factor, channel_last, is_training)
+            y, bm, bv, sm, sv = k.forward(x, scale, offset, mean, variance, epsilon,
+                                          exponential_avg_factor, channel_last, is_training)
     return (y, bm.copy(), bv.copy(), sm.copy(), sv.copy()) + extra
 
 
@@ -372,7 +393,7 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
         dy2 = _to_rows(y_backprop, channel_last)
         X = _to_rows(x, channel_last)
         ref = reference_grad_train if is_training else reference_grad_infer
-        with np.errstate(all="ignore"):  # inf and NaN are results here, as in TF
+        with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results, as TF's
             dx2, sb, ob = ref(dy2, X, scale, mean, var, epsilon, x.dtype.itemsize)
         dx = _from_rows(dx2, x.shape, channel_last, x.dtype)
     else:
@@ -380,15 +401,16 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
 
         n, c, s = k._layout(x, channel_last)
         threads = tf_thread_count()
-        rb = redux_row_block(n * s, c, x.dtype.itemsize, threads)
+        plan = redux_plan(n * s, c, x.dtype.itemsize, threads)
         # R = 1 (TF passes the row through), or half-precision dy whose sum TF splits
         # differently from the float32 sums (only when emulating several TF threads).
-        if n * s == 1 or rb != redux_row_block(n * s, c, 4, threads):
+        if n * s == 1 or plan != redux_plan(n * s, c, 4, threads):
             with _config.use_impl("reference"):
                 return _grad(op, y_backprop, x, scale, reserve_space_1, reserve_space_2,
                              epsilon, data_format, is_training)
-        dx, sb, ob = k.grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
-                            is_training, rb)
+        with flush_denormals(), np.errstate(all="ignore"):
+            dx, sb, ob = k.grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
+                                is_training, *plan)
     return (dx, sb, ob) + empty
 
 

@@ -51,6 +51,14 @@ Computation (each verified bit-exact against TF 2.21)
       increasing), so the fused kernel sums each element's shares in a register and
       rounds once: no float64 array the size of the input, as TF allocates.
 
+Denormals (TF runs its kernels with FTZ and DAZ set, ``tfgrad._fpenv``)
+    Sums, shares and comparisons read a denormal as 0 and flush denormal results. TF's
+    max is an x86 max instruction, which returns a denormal as a zero of its sign, so
+    FractionalMaxPool never outputs a denormal (and of -denormal then +denormal keeps
+    -0, the earlier of equals); MaxGrad's replay copies values and compares them under
+    DAZ, so its check accepts those zeros. MaxGrad adds only the g of the cells whose
+    argmax an element is: a sum that flushes to -0 stays -0.
+
 Fused kernels (``tfgrad.kernels.fractional_pool``)
     Forward ops: one task per (batch, output row). For float32/float64 each cell keeps
     the running maxima or sums of eight channel vectors in registers over its taps (the
@@ -93,6 +101,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
+from .._fpenv import flush_denormals
 from .._validate import check_alloc, require, shape_str
 
 _M32 = 0xFFFFFFFF
@@ -287,17 +296,18 @@ def _forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...], pseud
         rows, cols = np.array(r, np.int64), np.array(c, np.int64)
     rs, re = _cells(rows, out_shape[1], shape[1], overlapping)
     cs, ce = _cells(cols, out_shape[2], shape[2], overlapping)
-    if _config.use_reference():
-        fn = _max_pool_reference if op == "FractionalMaxPool" else _avg_pool_reference
-        out = fn(value, rs, re, cs, ce)
-    else:
-        from ..kernels import fractional_pool as K
-
-        x = _kernel_input(value)
-        if op == "FractionalMaxPool":
-            out = K.max_pool(x, rs, re, cs, ce, _lowest(value.dtype))
+    with flush_denormals():
+        if _config.use_reference():
+            fn = _max_pool_reference if op == "FractionalMaxPool" else _avg_pool_reference
+            out = fn(value, rs, re, cs, ce)
         else:
-            out = K.avg_pool(x, rs, re, cs, ce)
+            from ..kernels import fractional_pool as K
+
+            x = _kernel_input(value)
+            if op == "FractionalMaxPool":
+                out = K.max_pool(x, rs, re, cs, ce, _lowest(value.dtype))
+            else:
+                out = K.avg_pool(x, rs, re, cs, ce)
     return out, rows, cols
 
 
@@ -361,11 +371,12 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
     _check_sequence(op, "col_pooling_sequence", col_pooling_sequence, g.shape[2], w)
     rs, re = _cells(row_pooling_sequence, g.shape[1], h, overlapping)
     cs, ce = _cells(col_pooling_sequence, g.shape[2], w, overlapping)
-    if _config.use_reference():
-        return _avg_pool_grad_reference(in_shape, g, rs, re, cs, ce)
-    from ..kernels import fractional_pool as K
+    with flush_denormals():
+        if _config.use_reference():
+            return _avg_pool_grad_reference(in_shape, g, rs, re, cs, ce)
+        from ..kernels import fractional_pool as K
 
-    return K.avg_pool_grad(in_shape, _kernel_input(g), rs, re, cs, ce)
+        return K.avg_pool_grad(in_shape, _kernel_input(g), rs, re, cs, ce)
 
 
 def _int_range(dtype: np.dtype) -> tuple[float, float]:
@@ -403,14 +414,15 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
     _check_sequence(op, "col_pooling_sequence", col_pooling_sequence, y.shape[2], x.shape[2])
     rs, re = _cells(row_pooling_sequence, y.shape[1], x.shape[1], overlapping)
     cs, ce = _cells(col_pooling_sequence, y.shape[2], x.shape[2], overlapping)
-    if _config.use_reference():
-        out, ok = _max_pool_grad_reference(x, y, g, rs, re, cs, ce)
-    else:
-        from ..kernels import fractional_pool as K
+    with flush_denormals():
+        if _config.use_reference():
+            out, ok = _max_pool_grad_reference(x, y, g, rs, re, cs, ce)
+        else:
+            from ..kernels import fractional_pool as K
 
-        out = K.max_pool_grad(_kernel_input(x), _kernel_input(y), _kernel_input(g), rs, re,
-                              cs, ce)
-        ok = out is not None
+            out = K.max_pool_grad(_kernel_input(x), _kernel_input(y), _kernel_input(g), rs,
+                                  re, cs, ce)
+            ok = out is not None
     if not ok:
         raise InvalidArgumentError(
             f"{op}: orig_output is not the max pooling of orig_input over these sequences "
@@ -432,6 +444,8 @@ def _max_pool_reference(x: np.ndarray, rs: np.ndarray, re: np.ndarray, cs: np.nd
                 for w in range(cs[j], ce[j] + 1):
                     v = x[:, h, w, :]
                     acc[...] = np.where(acc < v, v, acc)  # NaN never replaces acc
+    if x.dtype.kind == "f":  # TF's x86 max instruction returns a denormal (DAZ) as 0
+        out = np.where(np.abs(out) < np.finfo(x.dtype).tiny, np.copysign(0, out), out)
     return out
 
 
