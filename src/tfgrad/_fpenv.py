@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import threading
 from collections.abc import Iterator
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 _WORKERS_STARTED = False
+_LOCK = threading.Lock()
 
 
 def _start_numba_workers() -> None:
@@ -34,19 +36,22 @@ def _start_numba_workers() -> None:
     the MXCSR of the thread that starts it, and workers started inside a block would
     keep FTZ / DAZ for good (the kernels restore what a worker had, see above)."""
     global _WORKERS_STARTED
-    if _WORKERS_STARTED:
+    if _WORKERS_STARTED:  # (every op call comes here: no lock once done)
         return
     import numba
 
     from .kernels._simd import touch_workers
 
-    mask = numba.get_num_threads()
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
-    try:
-        touch_workers(4 * numba.config.NUMBA_NUM_THREADS)
-    finally:
-        numba.set_num_threads(mask)
-    _WORKERS_STARTED = True
+    with _LOCK:  # one parallel launch, even when the first ops come from several threads
+        if _WORKERS_STARTED:
+            return
+        mask = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
+        try:
+            touch_workers(4 * numba.config.NUMBA_NUM_THREADS)
+        finally:
+            numba.set_num_threads(mask)
+        _WORKERS_STARTED = True
 
 
 def flush_this_thread() -> None:
