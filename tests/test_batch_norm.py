@@ -445,7 +445,7 @@ def test_nchw_grad_sums_with_tf_thread_split_mid_image(training, monkeypatch):
     # TF's two-thread order sums the rows in two blocks; here the second starts inside
     # an image, off any 16-position boundary (the NCHW kernels walk rows image by image).
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", "2")
-    rows = bn.redux_row_block(3 * 90 * 91, 16, 4, 2)
+    rows = bn.redux_plan(3 * 90 * 91, 16, 4, 2)[0]
     assert rows < 3 * 90 * 91 and rows % (90 * 91) % 16 != 0
     _kernel_vs_reference((3, 16, 90, 91), 5, training, "NCHW")
 
@@ -578,7 +578,7 @@ def test_tf_thread_split_of_grad_sums(threads, tmp_path, monkeypatch):
                     str(tmp_path / "out.npz")], check=True, capture_output=True)
     expected = np.load(tmp_path / "out.npz")
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_row_block(20000, 8, 4, threads) == (20000 if threads == 1 else 10000)
+    assert bn.redux_plan(20000, 8, 4, threads)[0] == (20000 if threads == 1 else 10000)
     for impl in ("kernel", "reference"):
         with tfgrad.use_impl(impl):
             got = raw.FusedBatchNormGradV3(**kw)
@@ -586,13 +586,13 @@ def test_tf_thread_split_of_grad_sums(threads, tmp_path, monkeypatch):
             assert _bits_equal(got[i], expected[f"arr_{i}"]), (impl, i)
 
 
-def test_redux_row_block_model():
+def test_redux_plan_model():
     # One block (rows in sequence) for one thread, wide C, or little work.
-    assert bn.redux_row_block(10**6, 3, 4, 1) == 10**6
-    assert bn.redux_row_block(10**6, 65, 4, 2) == 10**6  # C > 32 * threads
-    assert bn.redux_row_block(1000, 8, 4, 2) == 1000  # below Eigen's parallel cost
-    assert bn.redux_row_block(10**5, 8, 4, 2) == 50000
-    assert bn.redux_row_block(10**5, 8, 4, 4) == 25000
+    assert bn.redux_plan(10**6, 3, 4, 1)[0] == 10**6
+    assert bn.redux_plan(10**6, 65, 4, 2)[0] == 10**6  # C > 32 * threads
+    assert bn.redux_plan(1000, 8, 4, 2)[0] == 1000  # below Eigen's parallel cost
+    assert bn.redux_plan(10**5, 8, 4, 2)[0] == 50000
+    assert bn.redux_plan(10**5, 8, 4, 4)[0] == 25000
     # Two blocks that Eigen's cost model runs in one call: TF adds the empty second (+0).
     assert bn.redux_plan(1000, 8, 4, 2) == (1000, True)
     assert bn.redux_plan(10**5, 8, 4, 2) == (50000, False)

@@ -24,6 +24,8 @@ import platform
 import threading
 from collections.abc import Iterator
 
+import numpy as np
+
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -77,3 +79,11 @@ def flush_denormals() -> Iterator[None]:
         yield
     finally:
         mxcsr_put(old)
+
+
+def flushed(a: np.ndarray) -> np.ndarray:
+    """``a`` with its denormals replaced by zeros of their sign, whatever MXCSR says: what
+    TF's flushed arithmetic leaves where NumPy would copy a value (a maximum) or where a
+    reference models the flush explicitly (fake quant)."""
+    a = np.asarray(a)
+    return np.where(np.abs(a) < np.finfo(a.dtype).tiny, np.copysign(a.dtype.type(0), a), a)

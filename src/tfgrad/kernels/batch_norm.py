@@ -934,7 +934,8 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
             variance: np.ndarray, eps: float, factor: float, channel_last: bool,
             is_training: bool) -> tuple[np.ndarray, ...]:
     """FusedBatchNorm on a non-empty x: (y, batch_mean, batch_variance, saved mean,
-    saved variance)."""
+    saved variance). The caller sets TF's FTZ / DAZ and silences NumPy's inf / NaN
+    warnings (results here, as in TF)."""
     N, C, S = _layout(x, channel_last)
     R = N * S
     xf = _f32_flat(x)
@@ -963,8 +964,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
         _pick(_fwd_nchw, xf.size, -(-C // 2))(xf, N, C, S, *args, _streams(yf))
     y = yf.reshape(x.shape)
     if x.dtype != np.float32:
-        with np.errstate(over="ignore"):  # float16 overflows to inf, as TF's cast
-            y = y.astype(x.dtype)
+        y = y.astype(x.dtype)  # float16 overflows to inf, as TF's cast
     if not is_training:
         return y, m, v, m, v
     adj = np.float32(R) / np.float32(max(R - 1, 1))
@@ -982,7 +982,8 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
          row_block: int, merged: bool) -> tuple[np.ndarray, ...]:
     """FusedBatchNormGrad on a non-empty x with R > 1 rows: (x_backprop, scale_backprop,
     offset_backprop). ``row_block``, ``merged``: TF's thread split of the sums
-    (ops.batch_norm.redux_plan)."""
+    (ops.batch_norm.redux_plan). The caller sets FTZ / DAZ and silences NumPy's warnings,
+    as for forward."""
     N, C, S = _layout(x, channel_last)
     R = N * S
     z0 = np.float32(0.0 if merged else -0.0)  # what the partial sums are added to
@@ -1018,16 +1019,16 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
             _pick(_grad_sums_nhwc, xf.size, -(-C // cb))(dyf, xf, R, C, cb, row_block, z0,
                                                          args[1], c0s, bool(is_training), sums)
         ob[:] = sums[1]
-        with np.errstate(all="ignore"):  # the same float32 operations as _grad_nchw
-            if is_training:
-                sb[:] = sums[0]
-                f1 = args[0] * c0d  # TF's coef1
-                f2 = (c0d * c0d) * (sums[2] / np.float32(R))  # coef2
-                f3 = sums[1] * (np.float32(1) / np.float32(R))  # mean of y_backprop
-            else:
-                sb[:] = sums[2] * c0d
-                f1 = c0d * args[0]
-                f2 = f3 = f1
+        # the same float32 operations as _grad_nchw
+        if is_training:
+            sb[:] = sums[0]
+            f1 = args[0] * c0d  # TF's coef1
+            f2 = (c0d * c0d) * (sums[2] / np.float32(R))  # coef2
+            f3 = sums[1] * (np.float32(1) / np.float32(R))  # mean of y_backprop
+        else:
+            sb[:] = sums[2] * c0d
+            f1 = c0d * args[0]
+            f2 = f3 = f1
         if vec:
             if is_training:
                 _rows_vec(True, xf.size, dyf, xf, R, C, _padded(f1), _padded(f2), _padded(f3),
@@ -1037,6 +1038,5 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
                                         bool(is_training), dxf)
     dx = dxf.reshape(x.shape)
     if x.dtype != np.float32:
-        with np.errstate(over="ignore"):
-            dx = dx.astype(x.dtype)
+        dx = dx.astype(x.dtype)
     return dx, sb, ob

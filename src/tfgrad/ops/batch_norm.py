@@ -164,11 +164,6 @@ def redux_plan(r: int, c: int, itemsize: int, threads: int) -> tuple[int, bool]:
     return rows, False
 
 
-def redux_row_block(r: int, c: int, itemsize: int, threads: int) -> int:
-    """Rows per partial sum in TF's ``ReduceOuterDimensions`` (see redux_plan)."""
-    return redux_plan(r, c, itemsize, threads)[0]
-
-
 def _redux_sum(a: np.ndarray, itemsize: int = 4) -> np.ndarray:
     """TF's ``ReduceOuterDimensions`` sum over the rows of ``a`` (see redux_plan)."""
     r, c = a.shape

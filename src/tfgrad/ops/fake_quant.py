@@ -86,6 +86,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _config
+from .._fpenv import flushed
 from .._validate import check_alloc, require, shape_str
 
 F32 = np.float32
@@ -104,9 +105,7 @@ LEAF = PACKET * 1024
 # --------------------------------------------------------------------------------------
 def ftz(a: np.ndarray) -> np.ndarray:
     """Flush denormals to zero, keeping the sign, as the FTZ/DAZ CPU modes do."""
-    a = np.asarray(a, F32)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.abs(a) < FLT_MIN, a * _ZERO, a).astype(F32)
+    return flushed(np.asarray(a, F32))
 
 
 def _fmt(v: float) -> str:

@@ -101,7 +101,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
-from .._fpenv import flush_denormals
+from .._fpenv import flush_denormals, flushed
 from .._validate import check_alloc, require, shape_str
 
 _M32 = 0xFFFFFFFF
@@ -444,9 +444,8 @@ def _max_pool_reference(x: np.ndarray, rs: np.ndarray, re: np.ndarray, cs: np.nd
                 for w in range(cs[j], ce[j] + 1):
                     v = x[:, h, w, :]
                     acc[...] = np.where(acc < v, v, acc)  # NaN never replaces acc
-    if x.dtype.kind == "f":  # TF's x86 max instruction returns a denormal (DAZ) as 0
-        out = np.where(np.abs(out) < np.finfo(x.dtype).tiny, np.copysign(0, out), out)
-    return out
+    # TF's x86 max instruction returns a denormal (DAZ) as 0
+    return flushed(out) if x.dtype.kind == "f" else out
 
 
 def _avg_pool_reference(x: np.ndarray, rs: np.ndarray, re: np.ndarray, cs: np.ndarray,
