@@ -246,19 +246,101 @@ def test_half_backprop_input_missed_taps_turn_minus_zero_to_plus(impl):
     assert dx[0, 0, 0, 0] == 0 and not np.signbit(dx[0, 0, 0, 0])
 
 
-@pytest.mark.live
-@pytest.mark.xfail(strict=True, reason="known gap: float32 / float64 BackpropInput skips "
-                   "the taps that miss, so a sum flushed to -0 stays -0 (TF: +0 after w >= 0)")
-def test_live_tf_float32_backprop_input_flushed_minus_zero():
-    # Pixel 4 meets taps 0, 2, 4 (out_backprop 2, 1, 0); taps 1 and 3 miss. After tap 2
-    # the sum 1.5e-38 - 1.6e-38 flushes to -0; TF's tap 3 adds 1 * 0 = +0, so its tap 4
-    # (-1 * 0 = -0) leaves +0, while the kernel, skipping tap 3, keeps -0.
-    w = np.array([1.5e-38, 1, -1.6e-38, 1, -1], np.float32).reshape(1, 5, 1, 1)
-    g = np.array([0, 1, 1], np.float32).reshape(1, 1, 3, 1)
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_backprop_input_flushed_minus_zero_turns_plus_at_a_missed_tap(impl, dt):
+    """Pixel 4 meets taps 0, 2, 4 (out_backprop 2, 1, 0); taps 1 and 3 miss. After tap 2
+    the sum a - b is denormal and flushes to -0; TF's tap 3 adds 1 * 0 = +0, so the sum
+    is +0 and its tap 4 (-1 * 0 = -0) leaves +0. A kernel that skipped the missed taps
+    would return -0 (it does not: its -0 elements are redone with every tap)."""
+    a, b = (dt(1.5e-38), dt(1.6e-38)) if dt == np.float32 else (2.5e-308, 2.6e-308)
+    assert dt(a) - dt(b) != 0 and abs(dt(a) - dt(b)) < np.finfo(dt).tiny
+    w = np.array([a, 1, -b, 1, -1], dt).reshape(1, 5, 1, 1)
+    g = np.array([0, 1, 1], dt).reshape(1, 1, 3, 1)
     kw = {"input_sizes": np.array([1, 1, 9, 1], np.int32), "filter": w, "out_backprop": g,
           "strides": [1, 2, 2, 1], "padding": "VALID"}
-    assert not np.signbit(oracle.run_tf(BI.OP_NAME, kw)[0, 0, 4, 0])
-    assert not np.signbit(BI(**kw)[0, 0, 4, 0])
+    with tfgrad.use_impl(impl):
+        dx = BI(**kw)
+    assert dx[0, 0, 4, 0] == 0 and not np.signbit(dx[0, 0, 4, 0])
+    if oracle.tensorflow() is not None:
+        oracle.assert_same(dx, oracle.run_tf(BI.OP_NAME, kw))
+
+
+# Values whose sums cancel into the denormal range (they flush to +-0), with zeros of
+# both signs: every path's signed zeros are exercised. (Half types: around their
+# underflow, where a sum rounds to a zero of its sign.)
+_TINY = {np.dtype(np.float32): 1e-38, np.dtype(np.float64): 1e-307,
+         np.dtype(np.float16): 6e-8, np.dtype(ml_dtypes.bfloat16): 1e-38}
+
+
+def _cancelling(rng: np.random.Generator, shape, dt, filt: bool = False):  # type: ignore[no-untyped-def]
+    if filt:
+        return rng.choice(np.array([1, -1, 2, -0.5, 0.0, -0.0]), shape).astype(dt)
+    vals = np.array([1.5, -1.6, 1.6, -1.5, 3.0, 0.0, -0.0]) * _TINY[np.dtype(dt)]
+    return rng.choice(vals, shape).astype(dt)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_hw=7), st.sampled_from(["float32", "float64", "float16", "bfloat16"]),
+       st.integers(0, 2**32 - 1))
+def test_signed_zeros_kernel_equals_reference(prob, dtype, seed):
+    """Inputs that flush or underflow to zeros of either sign, over the whole attr space
+    (dilations included: the reference adds the dilated filter's inserted zeros)."""
+    xs, ws, gs, attrs = prob
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    x, w, g = _cancelling(rng, xs, dt), _cancelling(rng, ws, dt, True), _cancelling(rng, gs, dt)
+    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {attrs}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(blocked_problems(), st.sampled_from(["float32", "float64"]), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_signed_zeros_register_blocked_equal_reference(monkeypatch, prob, dtype, stream, seed):
+    """The register-blocked kernels' -0 tracking (vmin_bits over the stored vectors) and
+    the redone rows, streamed or not, against the reference."""
+    xs, ws, attrs = prob
+    rng = np.random.default_rng(seed)
+    x, w = _cancelling(rng, xs, dtype), _cancelling(rng, ws, dtype, True)
+    g = _cancelling(rng, FWD(input=x, filter=w, **attrs).shape, dtype)
+    monkeypatch.setattr(K, "_STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs} stream={stream}")
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("f, C, M, s, d", [
+    (3, 16, 1, 2, 1),  # register-blocked BackpropInput, 4-pixel blocks and border pixels
+    (3, 5, 3, 1, 1),   # lanes past the last vector; multiplier reduction
+    (5, 3, 9, 2, 1),   # an 8-lane packet in the multiplier reduction
+    (4, 8, 1, 3, 1),   # no register kernel: the run kernel
+    (3, 16, 1, 1, 2),  # dilated: TF computes it with the filter dilated explicitly
+    (2, 3, 2, 2, 3),
+])
+def test_live_tf_signed_zeros(dt, f, C, M, s, d):
+    """Cancelling tiny inputs against TF 2.21, every bit and every zero's sign, for the
+    three ops, kernel and reference (dilated cases: TF's explicitly dilated filter)."""
+    from tests.cases.depthwise_conv import _nhwc_call
+
+    rng = np.random.default_rng(f * 1000 + C * 10 + M)
+    for padding in ("SAME", "VALID"):
+        x = _cancelling(rng, (2, 11, 13, C), dt)
+        w = _cancelling(rng, (f, f, C, M), dt, True)
+        attrs = {"strides": [1, s, s, 1], "padding": padding, "dilations": [1, d, d, 1]}
+        g = _cancelling(rng, FWD(input=x, filter=w, **attrs).shape, dt)
+        calls = [(FWD, {"input": x, "filter": w}),
+                 (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w,
+                       "out_backprop": g}),
+                 (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32),
+                       "out_backprop": g})]
+        for fn, kw in calls:
+            kw = {**kw, **attrs}
+            want = oracle.run_tf(*_nhwc_call(fn.OP_NAME, kw, False, (d, d), w.shape))
+            if fn is BF and d > 1:
+                want = want[::d, ::d]
+            for impl in ("kernel", "reference"):
+                with tfgrad.use_impl(impl):
+                    oracle.assert_same(fn(**kw), want, what=f"{impl} {fn.OP_NAME} {padding}")
 
 
 @pytest.mark.live
@@ -280,10 +362,7 @@ def test_live_tf_denormals_and_signed_zeros(dt):
                 oracle.assert_same(FWD(input=x, filter=w, **kw), y)
                 bi = {"input_sizes": np.array(x.shape, np.int32), "filter": w,
                       "out_backprop": g, **kw}
-                got, want = BI(**bi), oracle.run_tf(BI.OP_NAME, bi)
-                if dt in (np.float32, np.float64):  # the sign of a zero: see the xfail below
-                    got, want = got + dt(0), want + dt(0)
-                oracle.assert_same(got, want)
+                oracle.assert_same(BI(**bi), oracle.run_tf(BI.OP_NAME, bi))
                 bf = {"input": x, "filter_sizes": np.array(w.shape, np.int32),
                       "out_backprop": g, **kw}
                 oracle.assert_same(BF(**bf), oracle.run_tf(BF.OP_NAME, bf))

@@ -4,7 +4,7 @@ TF's Eigen CPU kernel computes NHWC without dilation; the NCHW and dilated cases
 checked against it through ``tf_call``: the NHWC transpose of the same call, and the
 filter dilated explicitly (zeros inserted between the taps; for BackpropFilter, the
 gradient of the dilated filter sampled at the real taps). Both give the same bits as the
-convolution itself for finite inputs (see tfgrad.ops.depthwise_conv).
+convolution itself for finite inputs, zero signs included (see tfgrad.ops.depthwise_conv).
 """
 
 from __future__ import annotations

@@ -302,6 +302,37 @@ def vany_ne(typingctx, a, b):  # type: ignore[no-untyped-def]
     return types.boolean(a, b), codegen
 
 
+def _min_bits(bd, a, b):  # type: ignore[no-untyped-def]
+    ity = ir.VectorType(ir.IntType(32 if a.type.element == ir.FloatType() else 64),
+                        a.type.count)
+    ia, ib = bd.bitcast(a, ity), bd.bitcast(b, ity)
+    return bd.bitcast(bd.select(bd.icmp_signed("<", ib, ia), ib, ia), a.type)
+
+
+vmin_bits = _binary(
+    "vmin_bits", "The lane-wise minimum of a's and b's bits read as signed integers (in "
+    "a's type): -0's bits, the sign bit alone, are the least of all, so a running minimum "
+    "over the vectors a kernel stores tells whether any lane was -0 (vhas_negzero).",
+    _min_bits)
+
+
+@intrinsic
+def vhas_negzero(typingctx, a):  # type: ignore[no-untyped-def]
+    """True if any lane of a is -0 (its bits are the sign bit alone)."""
+    if not isinstance(a, Vec):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        w = 32 if a.dtype == types.float32 else 64
+        ity = ir.VectorType(ir.IntType(w), a.lanes)
+        eq = builder.icmp_signed("==", builder.bitcast(args[0], ity),
+                                 ir.Constant(ity, [1 << (w - 1)] * a.lanes))
+        bits = builder.bitcast(eq, ir.IntType(a.lanes))
+        return builder.icmp_unsigned("!=", bits, ir.IntType(a.lanes)(0))
+
+    return types.boolean(a), codegen
+
+
 @intrinsic
 def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
     """acc + a * b per lane: the product rounded, then the sum."""

@@ -13,8 +13,10 @@ terms. No im2col buffer and no pass over a whole tensor per tap:
   repeated M times) so that each tap's pixels are one contiguous run.
 - BackpropInput: one task per input row, accumulators split by pixel phase; only the
   taps that reach an out_backprop value are computed when the filter is finite (a miss
-  adds ``w * 0 = +-0``, a no-op); a filter with inf / NaN takes the plain kernel that
-  computes every ``w * 0``. Then the multiplier reduction in TF's packet order.
+  adds ``w * 0 = +-0``, a no-op except on a flushed -0: the task marks its row when it
+  writes a -0, and ``_redo_negzero`` recomputes those elements with every tap); a
+  filter with inf / NaN takes the plain kernel that computes every ``w * 0``. Then the
+  multiplier reduction in TF's packet order.
 - BackpropFilter: one task per image (or per image and channel block when there are
   fewer images than threads); each tap's accumulators take ``g * x`` over the output
   positions in row-major order, 4 positions at a time; the per-image sums are then
@@ -26,19 +28,20 @@ vectors (``_simd``: 16 float32 / 8 float64 lanes) stay in registers across all t
 stride-1 forward and BackpropInput slide their input / out_backprop columns through
 registers, and the next row's input is prefetched (without it a single thread stalls on
 memory for a third of its time). BackpropInput takes the border pixels four at a time
-too, a missed tap adding w * 0 (a no-op for a finite filter), so only the last W mod 4
-pixels of a phase go one by one. The BackpropFilter one holds the tap accumulators of up
-to three filter rows (21 vectors; on AVX2, where a vector is two of 16 registers, as many
-rows as keep 9 of them: one for 5x5) in registers over an output row, so each
-out_backprop vector is loaded once per group of filter rows, and prefetches the next
-output row's lines (3x3 stride 1 on one thread: 9.5 ms with the run kernel, 4.1 ms).
-Multipliers M > 1 expand each input row once into a ring with every channel repeated M
-times (and BackpropInput reduces over the multiplier per pixel); both loops vectorise
-for M = 2, which halved the 5x5 M = 2 forward on Zen 3. Each element's arithmetic is the
-same as in the kernels above. The forward and (M = 1) BackpropInput ones write outputs of
-4 MiB or more whose pixels are whole 64-byte lines with non-temporal stores
-(``_simd.stream_output``): no read-for-ownership of lines that are only written, a third
-of a stride-1 op's traffic.
+too, a missed tap adding w * 0 (a no-op for a finite filter but on a -0, see above), so
+only the last W mod 4 pixels of a phase go one by one; the integer minimum of a block's
+stored vectors' bits (``vmin_bits``) tells whether it wrote a -0 (see _negzero). The
+BackpropFilter one holds the tap accumulators of up to three filter rows (21 vectors; on
+AVX2, where a vector is two of 16 registers, as many rows as keep 9 of them: one for
+5x5) in registers over an output row, so each out_backprop vector is loaded once per
+group of filter rows, and prefetches the next output row's lines (3x3 stride 1 on one
+thread: 9.5 ms with the run kernel, 4.1 ms). Multipliers M > 1 expand each input row
+once into a ring with every channel repeated M times (and BackpropInput reduces over the
+multiplier per pixel); both loops vectorise for M = 2, which halved the 5x5 M = 2
+forward on Zen 3. Each element's arithmetic is the same as in the kernels above. The
+forward and (M = 1) BackpropInput ones write outputs of 4 MiB or more whose pixels are
+whole 64-byte lines with non-temporal stores (``_simd.stream_output``): no
+read-for-ownership of lines that are only written, a third of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -64,7 +67,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .._fpenv import flush_this_thread
 from ._simd import (
@@ -73,7 +76,9 @@ from ._simd import (
     nlanes,
     prefetch,
     stream_output,
+    vhas_negzero,
     vload,
+    vmin_bits,
     vmuladd,
     vput,
     vstore,
@@ -257,12 +262,12 @@ def _tap_range(off, sw, W, ow):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, t0, t1):  # type: ignore[no-untyped-def]
+def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
     """One task per output row. The taps of each filter row are applied G at a time
     (in row-major order) in contiguous runs over (pixel, lane) where all G taps fall
     inside the input; the pixels at the borders take them one by one, padding taps
     computing 0 * w (inf * 0 = NaN) as TF. wtile holds each tap's weights repeated for
-    JT pixels."""
+    JT pixels. Dilated: rows that hold a -0 are marked in ``negz`` (see _negzero)."""
     N, H, W, C = x.shape
     fh, fw = w.shape[0], w.shape[1]
     oh, ow, CM = out.shape[1], out.shape[2], out.shape[3]
@@ -336,14 +341,17 @@ def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, t0, t1):  # type
                                 a[ch] = a[ch] + zero * wt[ch]
                         if mode != NONE:
                             _round_all(a, mode)
+        if dh > 1 or dw > 1:
+            negz[t] = _any_negzero(orow)
 
 
 @njit(nogil=True, cache=True)
-def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
     """BackpropInput for a finite float32 / float64 filter: a tap that meets no
     out_backprop value adds w * 0 = +-0, which leaves the accumulator unchanged unless
-    it is a flushed -0 (the known sign gap, see ops.depthwise_conv), so only the taps
-    that hit are computed. One task per input row; its accumulators are split by pixel
+    it is a flushed -0, so only the taps that hit are computed, and rows that end with a
+    -0 are marked in ``negz`` (see _redo_negzero). One task per input row; its
+    accumulators are split by pixel
     phase modulo the stride. A pixel of phase p meets the taps c with (c*dw - pl) % sw
     == p; those are applied G at a time, in row-major order, in contiguous runs."""
     N, H, W, C = out.shape
@@ -406,6 +414,7 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
                                 gr = grow[oj * CM:(oj + 1) * CM]
                                 for ch in range(CM):
                                     a[ch] = a[ch] + wt[ch] * gr[ch]
+        negz[t] = _any_negzero(acc)
         for jj in range(W):
             pj = acc[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
             o = out[n, ii, jj]
@@ -609,6 +618,120 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):
                                                              zero)
 
 
+# --------------------------------------------------------------------------------------
+# Signed zeros. A tap TF computes as w * 0 (or, for a dilated convolution, a tap of
+# TF's explicitly dilated filter: x * 0, g * 0) adds +-0, which changes an accumulator
+# only when it is -0 (a sum that flushed or underflowed), turning it into +0. A kernel
+# that skips such taps therefore returns TF's bits except that some of TF's +0 come out
+# -0 (never the reverse: adding a zero cannot make a -0), so its -0 outputs are redone
+# exactly, every tap computed, by the element functions below.
+# --------------------------------------------------------------------------------------
+@njit(inline="always")
+def _negzero(v):  # type: ignore[no-untyped-def]
+    return v == 0 and np.signbit(v)
+
+
+def _int_view(a):  # type: ignore[no-untyped-def]  # pragma: no cover - overloaded below
+    pass
+
+
+@overload(_int_view, inline="always")
+def _int_view_impl(a):  # type: ignore[no-untyped-def]
+    it = np.int32 if a.dtype == types.float32 else np.int64
+    return lambda a: a.ravel().view(it)
+
+
+@njit(inline="always")
+def _any_negzero(a):  # type: ignore[no-untyped-def]
+    """Whether a (contiguous) holds a -0: its bits as signed integers are the least."""
+    u = _int_view(a)
+    if u.size == 0:
+        return False
+    m = u[0]
+    for v in u:
+        m = min(m, v)  # (a min reduction vectorises; a search loop does not)
+    return m == np.iinfo(u.dtype).min
+
+
+@njit(inline="always")
+def _tap_step(acc, real, wv, v, zero, mode):  # type: ignore[no-untyped-def]
+    """acc + wv * v for a real tap; for an inserted zero, acc + 0 * v (a finite v's
+    signed zero: the dilated convolution has no such tap, so no inf * 0 = NaN either)."""
+    if real:
+        acc = acc + wv * v
+    elif np.isfinite(v):
+        acc = acc + zero * v
+    return acc if mode == NONE else _round(acc, mode)
+
+
+@njit(inline="always")
+def _backprop_input_exact(w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lanes, per):  # type: ignore[no-untyped-def]  # noqa: E501
+    """One BackpropInput element as TF computes it with the explicitly dilated filter:
+    every tap, pairing w with the out_backprop value it reaches (0 where none)."""
+    fh, fw, _, M = w.shape
+    oh, ow = g.shape[1], g.shape[2]
+    zero = np.zeros(1, w.dtype)[0]
+    per[:M] = zero
+    for R in range((fh - 1) * dh + 1):
+        p = ii + pt - R
+        oi = p // sh
+        rhit = p - oi * sh == 0 and 0 <= oi < oh
+        for Cc in range((fw - 1) * dw + 1):
+            q = jj + pl - Cc
+            oj = q // sw
+            hit = rhit and q - oj * sw == 0 and 0 <= oj < ow
+            real = R % dh == 0 and Cc % dw == 0
+            for m in range(M):
+                gv = g[n, oi, oj, k * M + m] if hit else zero
+                per[m] = _tap_step(per[m], real, w[R // dh, Cc // dw, k, m], gv, zero, mode)
+    if M == 1:  # (no reduction: 0 + v would turn a -0 into +0)
+        return per[0]
+    return _reduce_multiplier(per, 0, M, lanes, mode, zero)
+
+
+@njit(nogil=True, cache=True)
+def _redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):  # type: ignore[no-untyped-def]  # noqa: E501
+    """BackpropInput: the -0 elements of the input rows marked in ``rows``, redone."""
+    N, H, W, C = out.shape
+    per = np.empty(max(w.shape[3], 1), w.dtype)
+    for t in range(rows.size):
+        if rows[t]:
+            n, ii = t // H, t % H
+            for jj in range(W):
+                for k in range(C):
+                    if _negzero(out[n, ii, jj, k]):
+                        out[n, ii, jj, k] = _backprop_input_exact(
+                            w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lanes, per)
+
+
+@njit(nogil=True, cache=True)
+def _redo_negzero_forward(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):  # type: ignore[no-untyped-def]  # noqa: E501
+    """Forward with dilations: the -0 outputs of the rows marked in ``rows`` redone with
+    the explicitly dilated filter's inserted zeros, as TF computes that convolution."""
+    N, H, W, C = x.shape
+    fh, fw, _, M = w.shape
+    oh, ow = out.shape[1], out.shape[2]
+    zero = np.zeros(1, x.dtype)[0]
+    for t in range(rows.size):
+        if rows[t]:
+            n, i = t // oh, t % oh
+            for j in range(ow):
+                for oc in range(C * M):
+                    if not _negzero(out[n, i, j, oc]):
+                        continue
+                    k, m = oc // M, oc % M
+                    acc = zero
+                    for R in range((fh - 1) * dh + 1):
+                        ii = i * sh - pt + R
+                        for Cc in range((fw - 1) * dw + 1):
+                            jj = j * sw - pl + Cc
+                            xv = x[n, ii, jj, k] if 0 <= ii < H and 0 <= jj < W else zero
+                            real = R % dh == 0 and Cc % dw == 0
+                            acc = _tap_step(acc, real, w[R // dh, Cc // dw, k, m], xv, zero,
+                                            mode)
+                    out[n, i, j, oc] = acc
+
+
 @njit(nogil=True, cache=True)
 def _sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
     """total = 0 + bufs[0] + bufs[1] + ... (batch order), per element."""
@@ -679,7 +802,9 @@ def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):  # type: ignore[no-untype
 @njit(inline="always")
 def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
     """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside: pixel p's
-    tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]."""
+    tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]. Returns whether a
+    lane it stored was -0."""
+    neg = False
     for ch in range(0, CV, NL):
         v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
         for r in range(FH):
@@ -697,6 +822,9 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream
             vput(of, o + CM + ch, v1, stream)
             vput(of, o + 2 * CM + ch, v2, stream)
             vput(of, o + 3 * CM + ch, v3, stream)
+            v0 = vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3))
+        neg = neg or vhas_negzero(v0)
+    return neg
 
 
 @njit(inline="always")
@@ -724,11 +852,12 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream):  # 
 
 def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
-    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
+    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
         lanes are contiguous. ``stream``: the output's vectors go out with non-temporal
-        stores (whole-line pixels of a large output; see backprop_input / forward)."""
+        stores (whole-line pixels of a large output; see backprop_input / forward).
+        Rows that hold a -0 are marked in ``negz`` (used when dilated: _negzero)."""
         N, H, W, C = x.shape
         oh, ow, CM = out.shape[1], out.shape[2], out.shape[3]
         M = CM // C
@@ -747,6 +876,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
         for t in range(t0, t1):
             n, i = t // oh, t % oh
+            neg = False
             allok = True
             for r in range(FH):
                 ii = i * sh - pt + r * dh
@@ -767,13 +897,13 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                             for e in range(0, (j1 - j) * sw * CM, 16):
                                 prefetch(xf, pa + e)
                     if j1 == j + 1:
-                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0, dw * CM, 1,
-                                   stream)
-                    elif sw == 1 and dw == 1:
+                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0,
+                                          dw * CM, 1, stream)
+                    elif sw == 1 and dw == 1:  # (undilated: nothing to track)
                         _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream)
                     else:
-                        _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, sw * CM,
-                                   dw * CM, _P, stream)
+                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW,
+                                          sw * CM, dw * CM, _P, stream)
                 else:  # one pixel; taps in the padding compute 0 * w
                     for ch in range(0, CV, NL):
                         v = vzeros(x)
@@ -786,6 +916,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                                 else:
                                     v = vmuladd(v, vzeros(x), wv)
                         vput(of, ob + j * CM + ch, v, stream)
+                        neg = neg or vhas_negzero(v)
                     j1 = j + 1
                 for jp in range(j, j1):  # lanes past the last full vector
                     for ch in range(CV, CM):
@@ -798,7 +929,9 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                                     xv = src[rowoff[r] + jj * CM + ch]
                                 s_ = s_ + xv * wf[(r * FW + c) * CM + ch]
                         of[ob + jp * CM + ch] = s_
+                        neg = neg or _negzero(s_)
                 j = j1
+            negz[t] = neg
 
     return kernel
 
@@ -806,8 +939,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
 @njit(inline="always")
 def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
     """gf's lanes at i (out_backprop column oj); with ``check``, +0 where oj is outside
-    [0, ow): w * 0 added to an accumulator that is never -0 changes nothing (finite w),
-    the same bits as skipping the tap."""
+    [0, ow): w * 0 for finite w, the bits TF computes for that tap."""
     if not check or 0 <= oj < ow:
         return vload(gf, i)
     return vzeros(gf)
@@ -819,7 +951,9 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
     """4 BackpropInput pixels of one phase (u..u+3, at dst[o:], pixel stride ps): pixel
     u+p meets out_backprop column tapb[c] + u + p at tap c. ``unit`` (stride 1,
     dilation 1): tapb[c] = tapb[0] - c, so tap c+1's 4 columns are tap c's moved down
-    by one, held in registers that slide: one new load per tap instead of 4."""
+    by one, held in registers that slide: one new load per tap instead of 4. Returns
+    whether a lane it stored was -0."""
+    neg = False
     for ch in range(0, CV, NL):
         v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
         for r in range(FH):
@@ -854,16 +988,20 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
         vput(dst, o + ps + ch, v1, stream)
         vput(dst, o + 2 * ps + ch, v2, stream)
         vput(dst, o + 3 * ps + ch, v3, stream)
+        # (a bool: a vector carried from block to block would hold two more registers)
+        neg = neg or vhas_negzero(vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3)))
+    return neg
 
 
 def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
-    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, t0, t1):  # type: ignore[no-untyped-def]
-        """BackpropInput for a finite filter (a tap that meets no out_backprop value adds
-        w * 0 = +-0 to an accumulator that is never -0: skipped). One task per input
-        row; its pixels are taken by phase modulo the stride, four of one phase (which
-        meet the same taps, at consecutive out_backprop columns) at a time. Then the
-        multiplier reduction in TF's packet order (plane lanes)."""
+    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+        """BackpropInput for a finite filter, skipping the taps that meet no out_backprop
+        value (w * 0 = +-0 changes nothing but a -0: rows that hold one are marked in
+        ``negz`` and redone exactly, see _redo_negzero). One task per input row; its
+        pixels are taken by phase modulo the stride, four of one phase (which meet the
+        same taps, at consecutive out_backprop columns) at a time. Then the multiplier
+        reduction in TF's packet order (plane lanes)."""
         N, H, W, C = out.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
         M = CM // C
@@ -880,6 +1018,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
         unit = sw == 1 and dw == 1
         for t in range(t0, t1):
             n, ii = t // H, t % H
+            neg = False
             for r in range(FH):
                 pr = ii + pt - r * dh
                 oi = pr // sh
@@ -904,11 +1043,13 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                 pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
                                 for e in range(0, _P * CM, 16):
                                     prefetch(gf, pa + e)
-                            _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, sw * CM,
-                                      CM, CV, NL, FH, FW, ow, False, unit, stream)
+                            neg |= _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u,
+                                             o, sw * CM, CM, CV, NL, FH, FW, ow, False,
+                                             unit, stream)
                         else:
-                            _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, sw * CM,
-                                      CM, CV, NL, FH, FW, ow, True, unit, stream)
+                            neg |= _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u,
+                                             o, sw * CM, CM, CV, NL, FH, FW, ow, True,
+                                             unit, stream)
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
@@ -922,6 +1063,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                         v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
                                                     vload(gf, rowoff[r] + oj * CM + ch))
                             vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
+                            neg = neg or vhas_negzero(v)
                         u1 = u + 1
                     for up in range(u, u1):  # lanes past the last full vector
                         for ch in range(CV, CM):
@@ -935,7 +1077,10 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                         wv_ = wf[(r * FW + c) * CM + ch]
                                         s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
                             dst[db + (ph + up * sw) * CM + ch] = s_
+                            neg = neg or _negzero(s_)
                     u = u1
+            # (M > 1: a -0 among the per-lane sums; they are TF's bits when none is)
+            negz[t] = neg
             if M == 2:  # (0 + a) + b: _reduce_multiplier's order (M < plane), vectorised
                 u_ = np.uint64
                 o0 = u_((n * H + ii) * W * C)
@@ -1239,12 +1384,16 @@ def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     out, stream = stream_output((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt),
                                 _STREAM_MIN_BYTES)
     vec = _vec_kernel("forward", geo.fh, geo.fw, mode, stream)
+    negz = np.zeros(geo.N * geo.oh, np.bool_)  # output rows with a -0 (dilated: to redo)
     if out.size and vec is not None:
         _run(vec, geo.N * geo.oh, work, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt,
-             geo.pl)
+             geo.pl, negz)
     elif out.size:
         _run(_forward, geo.N * geo.oh, work, x, w, _weight_tile(w, geo.ow), out, geo.sh,
-             geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode))
+             geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode), negz)
+    if (geo.dh > 1 or geo.dw > 1) and negz.any():  # TF's inserted zeros (see _negzero)
+        _redo_negzero_forward(x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode,
+                              negz)
     return out.astype(dt, copy=False)
 
 
@@ -1262,15 +1411,19 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     # (M > 1 writes out after the multiplier reduction, one value at a time: no streaming)
     vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream and geo.M == 1)
     finite = bool(np.isfinite(w).all())
+    negz = np.zeros(geo.N * geo.H, np.bool_)  # input rows with a -0 to redo
     if finite and vec is not None:
-        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes)
+        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes, negz)
     elif finite and mode == NONE:
         _run(_backprop_input_finite, geo.N * geo.H, work, w, _weight_tile(w, geo.ow), g, out,
-             *args, _group(mode))
+             *args, _group(mode), negz)
     else:
         # The taps that miss compute w * 0: NaN for an inf filter value, and in the half
         # types a -0 (a product that underflowed) becomes +0 when w >= 0.
         _run(_backprop_input_any, geo.N * geo.H, work, w, g, out, *args)
+        negz[:] = geo.dh > 1 or geo.dw > 1  # (TF's inserted zeros)
+    if negz.any():
+        _redo_negzero(w.reshape(geo.fh, geo.fw, geo.C, geo.M), g, out, *args, negz)
     return out.astype(dt, copy=False)
 
 

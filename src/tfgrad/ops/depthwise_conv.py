@@ -30,9 +30,11 @@ with ``filter[:, :, k, q]``. Everything is computed as TF 2.21's Eigen CPU kerne
   ``[1e-20] * [1e-20]`` gives 0 in float32, and a 1e-39 input reads as 0.
 - A sum can therefore be -0 (a float32 sum that flushed, or a half-type sum that
   underflowed), and the ``w * 0`` of a tap that reaches no out_backprop value then
-  decides its sign: TF adds it, so BackpropInput in the half types computes every tap.
-  Known gap: float32 / float64 BackpropInput skips those taps for speed, so a sum that
-  flushed to -0 stays -0 where TF gives +0 (the value agrees; tests pin it as xfail).
+  decides its sign: TF adds it, and ``w >= 0`` turns the -0 into +0 (pinned by
+  ``test_backprop_input_flushed_minus_zero_turns_plus_at_a_missed_tap``). The fast
+  float32 / float64 BackpropInput kernels skip those taps, which can only leave a -0
+  where TF has +0, never the reverse; they mark the rows where they wrote a -0, and
+  those elements are recomputed with every tap.
 
 Beyond TF's CPU kernel (see the op notes): ``data_format='NCHW'`` and ``dilations > 1``
 are computed as the convolution they define, for all three ops, and the backprops are
@@ -46,13 +48,13 @@ computes dilations. tfgrad returns the true gradient.
 Which bits: NCHW gives the bits of the NHWC computation (transposed). A dilated
 convolution gives the bits of TF's kernel run with the filter dilated explicitly (zeros
 inserted between the taps; for BackpropFilter, the zero-inserted filter's gradient at the
-real taps). The accumulation order is the same, and an inserted zero tap adds
-``x * 0 = +-0``, which changes nothing unless the sum is -0 (see above): the bits are
-identical for finite inputs, except the sign of a zero that flushed or underflowed, in
-the few dilated cases where TF's inserted tap would turn it to +0. Only an inf or NaN input under an
-inserted zero differs: TF's zero-inserted filter would compute ``inf * 0 = NaN`` there,
-while the dilated convolution has no such tap. Padding taps of real filter taps are
-still computed as ``0 * w``, as TF.
+real taps), zero signs included: an inserted tap adds ``x * 0`` (``g * 0``), which
+changes nothing unless the sum is -0 (see above), so the kernels skip it and redo the
+elements that came out -0 with it (the NumPy reference computes every inserted tap).
+Only an inf or NaN input under an inserted zero differs: TF's zero-inserted filter would
+compute ``inf * 0 = NaN`` there, while the dilated convolution has no such tap (tfgrad
+adds nothing for it). Padding taps of real filter taps are still computed as ``0 * w``,
+as TF.
 
 Strides must be equal along H and W and 1 along N and C, as TF requires; dilations must
 have 4 values, be >= 1, and be 1 along N and C (TF's forward accepts a dilations list of
@@ -352,17 +354,30 @@ def _padded(x: np.ndarray, geo: Geometry) -> np.ndarray:
     return xp
 
 
+def _taps(geo: Geometry) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """The taps of TF's explicitly dilated filter in row-major order: (row offset,
+    column offset, the filter tap, or None for an inserted zero)."""
+    return [(R, Cc, (R // geo.dh, Cc // geo.dw) if R % geo.dh == 0 and Cc % geo.dw == 0
+             else None)
+            for R in range((geo.fh - 1) * geo.dh + 1) for Cc in range((geo.fw - 1) * geo.dw + 1)]
+
+
+def _inserted(v: np.ndarray) -> np.ndarray:
+    """What an inserted zero tap multiplies by 0: v, with non-finite values as 0 (TF's
+    dilated filter would make inf * 0 = NaN there; the dilated convolution has no tap)."""
+    return np.where(np.isfinite(v), v, np.zeros((), v.dtype))
+
+
 def forward_reference(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     out = np.zeros((geo.N, geo.oh, geo.ow, geo.C, geo.M), x.dtype)
     if out.size == 0:
         return out.reshape(geo.N, geo.oh, geo.ow, geo.C * geo.M)
     xp = _padded(x, geo)
     hspan, wspan = geo.sh * (geo.oh - 1) + 1, geo.sw * (geo.ow - 1) + 1
-    for r in range(geo.fh):  # taps in row-major order; padding taps compute 0 * w
-        for c in range(geo.fw):
-            r0, c0 = r * geo.dh, c * geo.dw
-            xt = xp[:, r0:r0 + hspan:geo.sh, c0:c0 + wspan:geo.sw, :, None]
-            out = _step(out, xt, w[r, c])
+    zero = np.zeros((), x.dtype)
+    for R, Cc, tap in _taps(geo):  # row-major; padding taps compute 0 * w
+        xt = xp[:, R:R + hspan:geo.sh, Cc:Cc + wspan:geo.sw, :, None]
+        out = _step(out, xt, w[tap]) if tap else _step(out, _inserted(xt), zero)
     return out.reshape(geo.N, geo.oh, geo.ow, geo.C * geo.M)
 
 
@@ -405,10 +420,11 @@ def backprop_input_reference(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.
     gp = np.zeros((N, hp, wp, C, M), w.dtype)
     gp[:, offh:offh + geo.sh * geo.oh:geo.sh, offw:offw + geo.sw * geo.ow:geo.sw] = (
         g.reshape(N, geo.oh, geo.ow, C, M))
-    for r in range(geo.fh):
-        for c in range(geo.fw):
-            h0, w0 = offh + geo.pt - r * geo.dh, offw + geo.pl - c * geo.dw
-            per = _step(per, w[r, c], gp[:, h0:h0 + H, w0:w0 + W])
+    zero = np.zeros((), w.dtype)
+    for R, Cc, tap in _taps(geo):
+        h0, w0 = offh + geo.pt - R, offw + geo.pl - Cc
+        gt = gp[:, h0:h0 + H, w0:w0 + W]
+        per = _step(per, w[tap], gt) if tap else _step(per, zero, _inserted(gt))
     return reduce_multiplier(per)
 
 
