@@ -256,7 +256,7 @@ def test_grad_sum_flushed_to_minus_zero(impl, c, threads, sign, monkeypatch):
     land in the first and the untouched second, +0, is added after, so the flushed -0
     becomes +0. One block (C = 8, or one thread) or C > 32 * threads keeps -0."""
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_plan(3, c, 4, threads) == (3, c == 32 and threads == 2)
+    assert bn.redux_plan(3, c, 4, threads) == (3, False, c == 32 and threads == 2)
     dy = np.zeros((1, 1, 3, c), F32)
     dy[0, 0, :, 0] = _MINUS_ZERO_COLUMN
     with tfgrad.use_impl(impl):
@@ -292,7 +292,7 @@ def test_live_tf_flushed_zeros_and_thread_split():
                       reserve_space_1=np.zeros(c, F32), reserve_space_2=np.ones(c, F32),
                       reserve_space_3=E, is_training=training)
             want = oracle.run_tf("FusedBatchNormGradV3", kw)
-            assert np.signbit(want[2][0]) != bn.redux_plan(3, c, 4, threads)[1]
+            assert np.signbit(want[2][0]) != bn.redux_plan(3, c, 4, threads)[2]
             for impl in ("kernel", "reference"):
                 with tfgrad.use_impl(impl):
                     oracle.assert_outputs("FusedBatchNormGradV3",
@@ -548,42 +548,132 @@ def test_results_do_not_depend_on_numba_thread_count():
 
 
 _TF_THREADS = textwrap.dedent("""
-    import json, os, sys
+    import os, sys
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
     data = np.load(sys.argv[2])
-    kw = {k: data[k] for k in data.files}
-    out = tf.raw_ops.FusedBatchNormGradV3(**kw, is_training=True)
-    np.savez(sys.argv[3], *[o.numpy() for o in out[:3]])
+    cases = sorted({k.split("_", 1)[0] for k in data.files})
+    out = {}
+    for c in cases:
+        kw = {k.split("_", 1)[1]: data[k] for k in data.files if k.split("_", 1)[0] == c}
+        r = tf.raw_ops.FusedBatchNormGradV3(**kw, is_training=True)
+        out.update({f"{c}_{i}": o.numpy() for i, o in enumerate(r[:3])})
+    np.savez(sys.argv[3], **out)
 """)
+
+
+def _tf_grads_on_threads(threads: int, cases: list[dict], tmp_path: Path) -> list[tuple]:
+    """TF's FusedBatchNormGradV3 (is_training) outputs for each case, in a process whose
+    intra-op pool has ``threads`` threads (TF sets it once per process)."""
+    np.savez(tmp_path / "in.npz", **{f"c{i}_{k}": v for i, kw in enumerate(cases)
+                                     for k, v in kw.items()})
+    subprocess.run([sys.executable, "-c", _TF_THREADS, str(threads), str(tmp_path / "in.npz"),
+                    str(tmp_path / "out.npz")], check=True, capture_output=True, timeout=300)
+    out = np.load(tmp_path / "out.npz")
+    return [tuple(out[f"c{i}_{j}"] for j in range(3)) for i in range(len(cases))]
+
+
+def _grad_kw(dy: np.ndarray, x: np.ndarray, c: int, rng: np.random.Generator) -> dict:
+    return dict(y_backprop=dy, x=x, scale=rng.standard_normal(c).astype(F32),
+                reserve_space_1=np.zeros(c, F32), reserve_space_2=np.ones(c, F32),
+                reserve_space_3=E)
 
 
 @pytest.mark.live
 @pytest.mark.slow
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3, 16, 64])
 def test_tf_thread_split_of_grad_sums(threads, tmp_path, monkeypatch):
     """TF splits the grad's column sums into row blocks on several threads when C <= 32 *
-    threads and the input is large; TFGRAD_TF_INTRA_OP_THREADS selects the count."""
+    threads and the input is large (from 11 threads running several blocks in one call);
+    TFGRAD_TF_INTRA_OP_THREADS selects the count."""
     rng = np.random.default_rng(2)
-    shape = (2, 100, 100, 8)  # 160k elements: TF's cost model uses 2 threads
-    kw = dict(y_backprop=rng.standard_normal(shape).astype(F32),
-              x=rng.standard_normal(shape).astype(F32),
-              scale=rng.standard_normal(8).astype(F32), reserve_space_1=np.zeros(8, F32),
-              reserve_space_2=np.ones(8, F32), reserve_space_3=E)
-    np.savez(tmp_path / "in.npz", **kw)
-    subprocess.run([sys.executable, "-c", _TF_THREADS, str(threads), str(tmp_path / "in.npz"),
-                    str(tmp_path / "out.npz")], check=True, capture_output=True)
-    expected = np.load(tmp_path / "out.npz")
+    shape = (2, 100, 100, 8)  # 160k elements: TF's cost model uses 2 threads or more
+    kw = _grad_kw(rng.standard_normal(shape).astype(F32), rng.standard_normal(shape).astype(F32),
+                  8, rng)
+    (expected,) = _tf_grads_on_threads(threads, [kw], tmp_path)
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_plan(20000, 8, 4, threads)[0] == (20000 if threads == 1 else 10000)
+    assert bn.redux_plan(20000, 8, 4, threads) == {  # see test_redux_blocks_many_threads
+        1: (20000, False, False), 2: (10000, False, False), 3: (6667, False, False),
+        16: (2500, True, True), 64: (2817, True, False)}[threads]
     for impl in ("kernel", "reference"):
         with tfgrad.use_impl(impl):
             got = raw.FusedBatchNormGradV3(**kw)
         for i in range(3):
-            assert _bits_equal(got[i], expected[f"arr_{i}"]), (impl, i)
+            assert _bits_equal(got[i], expected[i]), (impl, i)
+
+
+# (threads, R, C, rows of TF's blocks, calls of several blocks, +0 added after the last
+# partial sum), worked out in test_redux_blocks_many_threads: 8 calls of 2 blocks; 8 calls
+# of 9 blocks, the last one block 63 alone; separate blocks and block 63 past the last
+# row; separate blocks (11 and 3 threads).
+_SPLITS = [(16, 20000, 8, 1250, True, True), (64, 20000, 8, 313, True, False),
+           (64, 2000, 384, 32, False, True), (11, 20000, 8, 1819, False, False),
+           (3, 20000, 8, 6667, False, False)]
+
+
+def _split_probe(r: int, c: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """dy of shape (1, 1, r, c) whose column sums show how TF groups its row blocks:
+
+    - column 0: 2**24 at row 0 and 1.0 at the next block's first two rows: blocks summed in
+      one call give 2**24 (each 1 rounds away), separate blocks 2**24 + 2 (1 + 1 first);
+    - column 1: -0 with the triple that flushes to -0 at every block's start, so every
+      partial sum is -0 and the total is +0 where TF adds an untouched (+0) buffer after
+      a -0 total (the later blocks of a call, or a block past the last row);
+    - column 2: -1.97e-38 at row 0, 8.76e-38 and -6.80e-38 at the last block's start, -0
+      elsewhere: the last partial sum brings the total to -1.6e-40, flushed to -0, which
+      stays -0 unless TF adds an untouched buffer after the last partial sum."""
+    dy = np.zeros((r, c), F32)
+    dy[[0, rows, rows + 1], 0] = [2.0**24, 1.0, 1.0]
+    dy[:, 1:3] = -0.0
+    for s in range(0, r - 2, rows):
+        dy[s:s + 3, 1] = _MINUS_ZERO_COLUMN
+    last = rows * ((r - 1) // rows)
+    dy[[0, last, last + 1], 2] = _MINUS_ZERO_COLUMN
+    return dy.reshape(1, 1, r, c), np.zeros((1, 1, r, c), F32)
+
+
+def _check_split_sums(ob: np.ndarray, grouped: bool, zero_after: bool) -> None:
+    assert ob[0] == (2.0**24 if grouped else 2.0**24 + 2)
+    assert ob[1] == 0 and np.signbit(ob[1]) != (grouped or zero_after)
+    assert ob[2] == 0 and np.signbit(ob[2]) != zero_after
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("threads, r, c, rows, grouped, zero_after", _SPLITS)
+def test_grouped_blocks_order_and_zero_signs(threads, r, c, rows, grouped, zero_after, fmt,
+                                             impl, monkeypatch):
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    assert bn.redux_blocks(r, c, 4, threads)[1] == rows
+    dy, x = _split_probe(r, c, rows)
+    if fmt == "NCHW":
+        dy, x = (np.ascontiguousarray(np.moveaxis(a, -1, 1)) for a in (dy, x))
+    kw = _grad_kw(dy, x, c, np.random.default_rng(0))
+    with tfgrad.use_impl(impl):
+        for training in (True, False):
+            g = raw.FusedBatchNormGradV3(**kw, data_format=fmt, is_training=training)
+            _check_split_sums(g.offset_backprop, grouped, zero_after)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("threads", [16, 64])
+def test_live_tf_grouped_blocks(threads, tmp_path, monkeypatch):
+    """The probes above against TF on 16 and 64 intra-op threads (more than this
+    machine's cores: TF's split depends on its pool size only)."""
+    splits = [s for s in _SPLITS if s[0] == threads]
+    cases = [_grad_kw(*_split_probe(r, c, rows), c, np.random.default_rng(0))
+             for _, r, c, rows, _, _ in splits]
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    for split, kw, want in zip(splits, cases, _tf_grads_on_threads(threads, cases, tmp_path)):
+        _check_split_sums(want[2], *split[4:])
+        for impl in ("kernel", "reference"):
+            with tfgrad.use_impl(impl):
+                got = raw.FusedBatchNormGradV3(**kw)
+            for i in range(3):
+                assert _bits_equal(got[i], want[i]), (impl, split, i)
 
 
 def test_redux_plan_model():
@@ -594,9 +684,70 @@ def test_redux_plan_model():
     assert bn.redux_plan(10**5, 8, 4, 2)[0] == 50000
     assert bn.redux_plan(10**5, 8, 4, 4)[0] == 25000
     # Two blocks that Eigen's cost model runs in one call: TF adds the empty second (+0).
-    assert bn.redux_plan(1000, 8, 4, 2) == (1000, True)
-    assert bn.redux_plan(10**5, 8, 4, 2) == (50000, False)
-    assert bn.redux_plan(10**6, 65, 4, 2) == (10**6, False)
-    assert bn.redux_plan(1000, 8, 4, 1) == (1000, False)
-    assert bn.redux_plan(3, 24, 4, 2) == (3, False)  # too little work for two blocks
+    assert bn.redux_plan(1000, 8, 4, 2) == (1000, False, True)
+    assert bn.redux_plan(10**5, 8, 4, 2) == (50000, False, False)
+    assert bn.redux_plan(10**6, 65, 4, 2) == (10**6, False, False)
+    assert bn.redux_plan(1000, 8, 4, 1) == (1000, False, False)
+    assert bn.redux_plan(3, 24, 4, 2) == (3, False, False)  # too little work for two blocks
     json.dumps(bn.tf_thread_count())  # an int
+
+
+def test_redux_blocks_many_threads():
+    # R = 20000, C = 8, float32: min_rows = ceil(2000 / 8) = 250, so nb = min(20000,
+    # ceil(160000 / 250) = 640, T) = T blocks of ceil(20000 / T) rows, each costing
+    # rows * 8 * (4 * 11/64 + 1) cycles. Eigen's numThreads(nb, cost) =
+    # int((nb * cost - 1e5) / 1e5 + 0.9) is 2 for all three (nb * cost ~ 270k), so
+    # parallelFor takes CalculateParallelForBlock's block: max(ceil(nb / (4T)) = 1,
+    # int(40000 / cost)), coarsened up to twice that only while the efficiency
+    # count / (ceil(count / T) * T) does not fall by more than 0.01.
+    # T = 3: 6667 rows, cost 90004.5 -> int(0.44) = 0: block 1, separate calls.
+    assert bn.redux_blocks(20000, 8, 4, 3) == (3, 6667, 1)
+    assert bn.redux_plan(20000, 8, 4, 3) == (6667, False, False)
+    # T = 16: 1250 rows, cost 16875 -> int(2.37) = 2: 8 calls of 2 blocks (efficiency
+    # 8/16; blocks of 3 give 6/16 and of 4 give 4/16, both lower). Every call leaves
+    # its second buffer untouched: +0 after every partial sum, the last included.
+    assert bn.redux_blocks(20000, 8, 4, 16) == (16, 1250, 2)
+    assert bn.redux_plan(20000, 8, 4, 16) == (2500, True, True)
+    # T = 64: 313 rows, cost 4225.5 -> int(9.47) = 9 (count 8, efficiency 8/64; 10 gives
+    # 7/64 < 8/64 - 0.01, ..., 22 > 18 = 2 * 9 stops): calls of 9 blocks = 2817 rows,
+    # the 8th call is block 63 alone (rows 19719..19999), so nothing follows the last sum.
+    assert bn.redux_blocks(20000, 8, 4, 64) == (64, 313, 9)
+    assert bn.redux_plan(20000, 8, 4, 64) == (2817, True, False)
+    # R = 2000, C = 384, T = 64: min_rows = 6, nb = 64 blocks of ceil(2000 / 64) = 32
+    # rows; 63 * 32 >= 2000 leaves block 63 empty. cost = 32 * 384 * 1.6875 = 20736,
+    # int(40000 / 20736) = 1: separate calls, and TF adds the empty block's +0 last.
+    assert bn.redux_blocks(2000, 384, 4, 64) == (64, 32, 1)
+    assert bn.redux_plan(2000, 384, 4, 64) == (32, False, True)
+    # Half-precision dy (offset_backprop, 2-byte loads) is cheaper: R = 20000, C = 8 on
+    # 11 threads: cost = 1819 * 8 * (2 * 11/64 + 1) = 19554.25 -> int(2.05) = 2 (6 calls:
+    # efficiency 6/11 > 4/11), the 6th call block 10 alone; float32 (cost 24556.5): 1.
+    assert bn.redux_blocks(20000, 8, 2, 11) == (11, 1819, 2)
+    assert bn.redux_plan(20000, 8, 2, 11) == (3638, True, False)
+    assert bn.redux_blocks(20000, 8, 4, 11) == (11, 1819, 1)
+    # C > 32 * T: TF splits the columns, every column summed in sequence.
+    assert bn.redux_blocks(10**5, 2049, 4, 64) == (1, 10**5, 1)
+    assert bn.redux_blocks(10**5, 2048, 4, 64)[0] == 64
+
+
+def test_parallel_for_block_model():
+    # One call of everything when Eigen's cost model wants one thread: 3 items of
+    # 30000 cycles give int((90000 - 1e5) / 1e5 + 0.9) = int(0.8) -> 1.
+    assert bn.eigen_num_threads(3, 30000.0, 8) == 1
+    assert bn.parallel_for_block(3, 30000.0, 8) == 3
+    assert bn.eigen_num_threads(3, 40000.0, 8) == 1  # int(1.1)
+    assert bn.eigen_num_threads(3, 80000.0, 8) == 2  # int(2.3)
+    assert bn.parallel_for_block(3, 80000.0, 8) == 1  # int(40000 / 80000) = 0 -> 1
+    # Several items a call needs int(40000 / cost) >= 2, i.e. cost <= 20000, while
+    # n * cost >= 2.1e5 for two threads: n >= 11 items, so at most 10 threads never
+    # group (n <= threads here, so ceil(n / (4T)) = 1 and the efficiency n / T cannot
+    # be kept by coarser blocks for T < 100).
+    for threads in range(2, 11):
+        for n in range(2, threads + 1):
+            for cost in (1500.0, 5000.0, 20000.0, 20001.0, 40000.0, 10**6):
+                assert bn.parallel_for_block(n, cost, threads) in (1, n)
+    assert bn.parallel_for_block(11, 20000.0, 11) == 2  # int((220000 - 1e5)/1e5 + .9) = 2
+    # With 100+ threads the efficiency steps (1/T) are under 0.01 and coarsening is taken:
+    # n = 200, cost 3999: block int(10.0025) = 10, count 20 (efficiency 20/200); block 11
+    # gives count 19, 0.095 + 0.01 >= 0.1: taken; 12 gives 17, 0.085 + 0.01 < 0.1; ...;
+    # ceil(200 / 9) = 23 > 2 * 10 stops.
+    assert bn.parallel_for_block(200, 3999.0, 200) == 11

@@ -301,7 +301,9 @@ def test_shard_model():
     assert blocks == [(0, 26667), (26667, 26667), (53334, 26667)] and rest is None
 
 
-_TF_SCRIPT = r"""
+# TF in a process of its own with argv[1] intra-op threads (set once per process), on
+# the arrays of the .npz file argv[2]; the scripts print the list `out` as JSON.
+_TF_PREAMBLE = r"""
 import json, os, sys
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -310,6 +312,9 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 d = np.load(sys.argv[2])
 out = []
+"""
+
+_TF_SCRIPT = _TF_PREAMBLE + r"""
 r = tf.raw_ops.FakeQuantWithMinMaxVarsGradient(gradients=d["g"], inputs=d["x"],
                                                 min=d["lo"], max=d["hi"])
 out.append([float(r[1]), float(r[2])])
@@ -346,6 +351,76 @@ def test_sums_match_tf_thread_pool_shards(threads, tmp_path, monkeypatch):
                   min=np.repeat(lo, 3), max=np.repeat(hi, 3))
         assert out.backprop_wrt_min.tolist() == pmin, impl
         assert out.backprop_wrt_max.tolist() == pmax, impl
+
+
+def test_shard_model_many_threads():
+    # Eigen's TensorCostModel::numThreads: int((n * cost - 1e5) / 1e5 + 0.9), at most TF's
+    # count, so k threads from n * cost >= (k + 0.1) * 1e5. Vars (67/16 a value): 12 from
+    # n = 288956 (12.0000325; 288955 gives 11.99999), 64 from 1530747 (64.00003;
+    # 1530746: 63.99999). PerChannel (75/16 a row): 12 from 258134, 64 from 1367467.
+    for n, k in ((288955, 11), (288956, 12), (1530746, 63), (1530747, 64)):
+        assert fq.tf_shards(n, fq.COST_FLAT, 64) == k
+    for n, k in ((258133, 11), (258134, 12), (1367466, 63), (1367467, 64)):
+        assert fq.tf_shards(n, fq.COST_CHIP, 64) == k
+    assert fq.tf_shards(1530747, fq.COST_FLAT, 32) == 32  # capped at TF's count
+    # FullReducer's blocks: blocksize = n // threads, n // blocksize of them, what is left
+    # summed first (on the calling thread): 1530747 values on 64 threads are 64 blocks of
+    # 23917 and 59 left from 1530688; on 63, 63 blocks of 24297 and 35 left.
+    blocks, rest = fq.eigen_shards(1530747, 64)
+    assert (len(blocks), blocks[1], rest) == (64, (23917, 23917), (1530688, 59))
+    blocks, rest = fq.eigen_shards(1530746, 63)
+    assert (len(blocks), blocks[-1], rest) == (63, (1506414, 24297), (1530711, 35))
+    # More blocks than threads where n < threads**2: 11 values on 4 -> 5 blocks of 2, 1 left.
+    assert fq.eigen_shards(11, 4) == ([(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)], (10, 1))
+
+
+_TF_THRESHOLD_SCRIPT = _TF_PREAMBLE + r"""
+for k in sorted(d.files):
+    g = d[k]
+    if g.ndim == 1:
+        r = tf.raw_ops.FakeQuantWithMinMaxVarsGradient(gradients=g, inputs=np.full_like(g, 5),
+                                                        min=np.float32(-1), max=np.float32(1))
+    else:
+        r = tf.raw_ops.FakeQuantWithMinMaxVarsPerChannelGradient(
+            gradients=g, inputs=np.full_like(g, 5), min=-np.ones(g.shape[1], np.float32),
+            max=np.ones(g.shape[1], np.float32))
+    out.append(r[2].numpy().tolist())
+print(json.dumps(out))
+"""
+
+# Per thread count: the sizes where TF's k-thread split starts (test_shard_model_many_threads)
+# and the one below, flat (Vars) and in rows of 2 channels (PerChannel).
+_THRESHOLDS = {12: ((288955, 288956), (258133, 258134)),
+               64: ((1530746, 1530747), (1367466, 1367467))}
+
+
+@pytest.mark.live
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", sorted(_THRESHOLDS))
+def test_sums_at_tf_shard_thresholds(threads, tmp_path, monkeypatch):
+    """TF's sums at the sizes where it starts to use all its threads (T and T - 1 blocks,
+    with the rest), on more threads than this machine has: every input is above the
+    range, so dmax is the sum of the gradients."""
+    rng = np.random.default_rng(threads)
+    flat, rows = _THRESHOLDS[threads]
+    data = [gradients(rng, (n,), special=False) for n in flat]
+    data += [gradients(rng, (n, 2), special=False) for n in rows]
+    np.savez(tmp_path / "d.npz", **{f"a{i}": g for i, g in enumerate(data)})
+    res = subprocess.run([sys.executable, "-c", _TF_THRESHOLD_SCRIPT, str(threads),
+                          str(tmp_path / "d.npz")], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    want = json.loads(res.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    # T - 1 and T blocks sum the same data differently: the sizes tell the splits apart.
+    g = data[1]
+    assert fq.eigen_sharded_sum(g, threads) != fq.eigen_sharded_sum(g, threads - 1)
+    for g, expected in zip(data, want):
+        one = np.ones(g.shape[1:], F32)
+        op = VARS_G if g.ndim == 1 else PC_G
+        lo, hi = (F32(-1), F32(1)) if g.ndim == 1 else (-one, one)
+        out = run(op, gradients=g, inputs=np.full_like(g, 5), min=lo, max=hi)
+        assert np.asarray(out.backprop_wrt_max).tolist() == expected, g.shape
 
 
 _BIG_SCRIPT = r"""

@@ -12,8 +12,9 @@ Reduction orders (what makes the results exact and independent of the thread cou
   ``((a0+a1)+a2)+a3``, then the leftover rows in sequence; other channels sum rows in
   sequence.
 - Gradient sums (TF's ``ReduceOuterDimensions``): rows in sequence, optionally in row
-  blocks whose partial sums are added in order (``row_block``, TF's split on several
-  intra-op threads).
+  blocks whose partial sums are added in order, with TF's +0 buffers in between or after
+  (``rb``, ``zb``, ``za``: TF's split on several intra-op threads,
+  ``ops.batch_norm.redux_plan``).
 
 Both orders are per channel, so the sums are parallel over channels and never split rows;
 each thread owns its channels' accumulators, and the elementwise passes (y, x_backprop)
@@ -390,14 +391,20 @@ def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: 
 # --------------------------------------------------------------------------------------
 # Gradient
 # --------------------------------------------------------------------------------------
+@numba.njit(inline="always", error_model="numpy")
+def _zero_follows(seg: int, rb: int, R: int, zb: bool, za: bool) -> bool:
+    """Whether TF adds an untouched (+0) partial-sum buffer after the partial sum of rows
+    [seg, seg + rb): ``zb`` after all but the last, ``za`` after the last (redux_plan)."""
+    return za if seg + rb >= R else zb
+
+
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
-                    z0: np.float32, mean: np.ndarray, c0s: np.ndarray, training: bool,
+                    zb: bool, za: bool, mean: np.ndarray, c0s: np.ndarray, training: bool,
                     sums: np.ndarray) -> None:
     """The gradient's column sums on flat [R, C] into sums[3, C] = (sum dy*(xc*c0s) [training
     only], sum dy, sum dy*xc), in parallel over blocks of ``cb <= _SLOT`` channels: rows in
-    sequence, partial sums over row blocks of ``rb`` added in order to ``z0`` (see
-    _nchw_sums1)."""
+    sequence, partial sums over row blocks of ``rb`` added in order (see _nchw_sums1)."""
     nblk = (C + cb - 1) // cb
     for blk in prange(nblk):
         fz = ftz_enter()
@@ -407,7 +414,7 @@ def _grad_sums_nhwc(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: 
         w1, w2, w3, w4 = uint64(_SLOT), uint64(2 * _SLOT), uint64(3 * _SLOT), uint64(4 * _SLOT)
         # [p_sb | p_ob | p_sx | mean | c0s] in slots of _SLOT (see _eigen_sum_nhwc)
         buf = np.zeros(5 * _SLOT, np.float32)
-        tot = np.full(3 * _SLOT, z0, np.float32)
+        tot = np.full(3 * _SLOT, -0.0, np.float32)  # -0 + p is p: the first passes
         for t in range(w):
             buf[3 * _SLOT + t] = mean[c0 + t]
             buf[4 * _SLOT + t] = c0s[c0 + t]
@@ -433,6 +440,9 @@ def _grad_sums_nhwc(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: 
                         buf[q + w2] += g * (x[i] - buf[q + w3])
             for t in range(3 * _SLOT):
                 tot[t] += buf[t]
+            if _zero_follows(seg, rb, R, zb, za):
+                for t in range(3 * _SLOT):
+                    tot[t] += _F32(0)
         for q in range(3):
             for t in range(w):
                 sums[q, c0 + t] = tot[q * _SLOT + t]
@@ -462,15 +472,15 @@ def _dx_rows(dy: np.ndarray, x: np.ndarray, R: int, C: int, f1: np.ndarray, f2: 
 
 @numba.njit(cache=True, error_model="numpy")
 def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
-                z0: np.float32, c: int, m: np.float32, k: np.float32, training: bool,
+                zb: bool, za: bool, c: int, m: np.float32, k: np.float32, training: bool,
                 out: np.ndarray) -> None:
     """Grad sums of one channel of flat [N, C, S] over rows j = n*S + s in sequence (row
-    blocks of ``rb`` summed separately from +0, then added in order to ``z0``) into
-    out[0:3]. ``z0``: -0, which passes the first block's sum through unchanged as TF's
-    combine does (a sum flushed to -0 stays -0), or +0 where TF adds zero blocks after
-    (ops.batch_norm.redux_plan)."""
+    blocks of ``rb`` summed separately from +0, then added in order) into out[0:3]. The
+    total starts at -0, which passes the first block's sum through unchanged as TF's
+    combine does (a sum flushed to -0 stays -0); +0 is added after a block where TF adds
+    an untouched buffer there (``zb``, ``za``: ops.batch_norm.redux_plan)."""
     R = N * S
-    t_sb = t_ob = t_sx = z0
+    t_sb = t_ob = t_sx = _F32(-0.0)
     for seg in range(0, R, rb):
         p_sb = p_ob = p_sx = _F32(0)
         j = seg
@@ -492,12 +502,16 @@ def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
         t_sb += p_sb
         t_ob += p_ob
         t_sx += p_sx
+        if _zero_follows(seg, rb, R, zb, za):
+            t_sb += _F32(0)
+            t_ob += _F32(0)
+            t_sx += _F32(0)
     out[0], out[1], out[2] = t_sb, t_ob, t_sx
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
-                z0: np.float32, c: int, mean: np.ndarray, c0s: np.ndarray,
+                zb: bool, za: bool, c: int, mean: np.ndarray, c0s: np.ndarray,
                 out: np.ndarray) -> None:
     """Training grad sums of channels c..c+3 at once: 12 independent sequential chains
     instead of 3 (a sequential float sum is bound by the add latency)."""
@@ -506,7 +520,7 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
     k0, k1, k2, k3 = c0s[c], c0s[c + 1], c0s[c + 2], c0s[c + 3]
     st = uint64(S)
     for q in range(12):
-        out[q] = z0
+        out[q] = -0.0
     for seg in range(0, R, rb):
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = d0 = d1 = d2 = d3 = _F32(0)
         j = seg
@@ -548,11 +562,14 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
         out[9] += a3
         out[10] += b3
         out[11] += d3
+        if _zero_follows(seg, rb, R, zb, za):
+            for q in range(12):
+                out[q] += _F32(0)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
-               z0: np.float32, scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray,
+               zb: bool, za: bool, scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray,
                c0d: np.ndarray, training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
                stream: bool) -> None:
     """NCHW gradient in groups of 4 channels: the sums (rows j = n*S + s in sequence, per
@@ -565,10 +582,10 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
         nc = min(4, C - c0)
         sums = np.empty(12, np.float32)  # (sb, ob, sx) per channel
         if training and nc == 4:
-            _nchw_sums4(dy, x, N, C, S, rb, z0, c0, mean, c0s, sums)
+            _nchw_sums4(dy, x, N, C, S, rb, zb, za, c0, mean, c0s, sums)
         else:
             for t in range(nc):
-                _nchw_sums1(dy, x, N, C, S, rb, z0, c0 + t, mean[c0 + t], c0s[c0 + t],
+                _nchw_sums1(dy, x, N, C, S, rb, zb, za, c0 + t, mean[c0 + t], c0s[c0 + t],
                             training, sums[3 * t:])
         for t in range(nc):
             c = c0 + t
@@ -818,7 +835,7 @@ def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx):  # type: ignore[no-unt
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
-                        z0: np.float32, mean: np.ndarray, kc: np.ndarray, training: bool,
+                        zb: bool, za: bool, mean: np.ndarray, kc: np.ndarray, training: bool,
                         sums: np.ndarray, dx: np.ndarray) -> None:
     """_grad_sums_nhwc for C % 16 == 0, same order (rows in sequence; partial sums over
     row blocks of ``rb`` added in order), the accumulators of up to four channel vectors
@@ -834,7 +851,7 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
         ms = _load4(mean, c0)
         ks = _load4(kc, c0)
         z = vzeros(x)
-        tot = np.full(12 * _L, z0, np.float32)
+        tot = np.full(12 * _L, -0.0, np.float32)
         for seg in range(0, R, rb):
             a0 = b0 = d0 = a1 = b1 = d1 = a2 = b2 = d2 = a3 = b3 = d3 = z
             for j in range(seg, min(R, seg + rb)):
@@ -861,6 +878,10 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
             for k in range(12):
                 q = uint64(k * _L)
                 vstore(tot, q, vadd(vload(tot, q), part[k]))
+            if _zero_follows(seg, rb, R, zb, za):
+                for k in range(12):
+                    q = uint64(k * _L)
+                    vstore(tot, q, vadd(vload(tot, q), z))
         for v in range(nv):
             for k in range(3):
                 vstore(sums, uint64(k) * st + uint64(c0 + v * _L),
@@ -979,14 +1000,14 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
 
 def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var: np.ndarray,
          eps: float, channel_last: bool, is_training: bool,
-         row_block: int, merged: bool) -> tuple[np.ndarray, ...]:
+         row_block: int, zero_between: bool, zero_after: bool) -> tuple[np.ndarray, ...]:
     """FusedBatchNormGrad on a non-empty x with R > 1 rows: (x_backprop, scale_backprop,
-    offset_backprop). ``row_block``, ``merged``: TF's thread split of the sums
-    (ops.batch_norm.redux_plan). The caller sets FTZ / DAZ and silences NumPy's warnings,
-    as for forward."""
+    offset_backprop). ``row_block``, ``zero_between``, ``zero_after``: TF's thread
+    split of the sums (ops.batch_norm.redux_plan). The caller sets FTZ / DAZ and
+    silences NumPy's warnings, as for forward."""
     N, C, S = _layout(x, channel_last)
     R = N * S
-    z0 = np.float32(0.0 if merged else -0.0)  # what the partial sums are added to
+    zb, za = bool(zero_between), bool(zero_after)
     a = _vec(var) + np.float32(eps)
     if is_training:
         c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
@@ -1001,7 +1022,7 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     ob = np.empty(C, np.float32)
     args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
     if not channel_last:
-        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, z0, *args,
+        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, zb, za, *args,
                                                _streams(dxf))
     else:
         if vec:
@@ -1010,13 +1031,13 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
             # with frozen statistics dx = dy * (rsqrt(var + eps) * scale) in this pass
             kc = c0s if is_training else c0d * args[0]
             _pick(_grad_sums_nhwc_vec, xf.size, -(-C // cb))(
-                dyf, xf, R, C, cb, row_block, z0, _padded(args[1]), _padded(kc),
+                dyf, xf, R, C, cb, row_block, zb, za, _padded(args[1]), _padded(kc),
                 bool(is_training), sp.reshape(-1), dxf)
             sums = sp[:, :C]
         else:
             sums = np.empty((3, C), np.float32)
             cb = _channel_block(C)
-            _pick(_grad_sums_nhwc, xf.size, -(-C // cb))(dyf, xf, R, C, cb, row_block, z0,
+            _pick(_grad_sums_nhwc, xf.size, -(-C // cb))(dyf, xf, R, C, cb, row_block, zb, za,
                                                          args[1], c0s, bool(is_training), sums)
         ob[:] = sums[1]
         # the same float32 operations as _grad_nchw

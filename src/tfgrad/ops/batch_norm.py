@@ -49,25 +49,32 @@ Gradient, is_training=False: ``s = rsqrt(var + eps)`` (plain channel rule),
 ``dx = dy * (s*scale)``, ``scale_backprop = colsum_seq(dy * (X - mean)) * s``,
 ``offset_backprop = colsum_seq(dy)``.
 
-``colsum_seq`` is TF's ``ReduceOuterDimensions``: with one row (R = 1) the row itself (a -0
-stays -0); otherwise rows added in sequence from 0 when TF runs it on one intra-op thread.
-On T threads TF splits the rows into T contiguous blocks (partial sums from 0, added in
-order) when ``C <= 32*T`` and Eigen's cost model finds the work worth a second thread
-(about R*C >= 124k float32 elements); otherwise each column is still summed in sequence.
-tfgrad reproduces the order of TF's default thread count on this machine (the CPUs the
-process may use, or ``TF_NUM_INTRAOP_THREADS``); ``TFGRAD_TF_INTRA_OP_THREADS=T`` selects
-TF's T-thread order (tests pin T = 1 and 2 against TF). Below that size, or with
-C > 32*T (C = 128 on up to 3 threads), every thread count gives the same sums.
+``colsum_seq`` is TF's ``ReduceOuterDimensions`` (redux_functor.h): with one row (R = 1)
+the row itself (a -0 stays -0); otherwise rows added in sequence from 0 when TF runs it on
+one intra-op thread, or with C > 32*T on T threads (TF then splits the columns). With
+``C <= 32*T`` TF makes ``nb = min(R, ceil(R*C / ceil(2000/C)), T)`` blocks of
+``ceil(R/nb)`` rows (the last ones may be empty), each with a zeroed partial-sum buffer,
+and Eigen's ``parallelFor`` runs them in calls of ``k`` consecutive blocks: a call sums all
+its rows in sequence into its first block's buffer (the others stay +0); then the nb
+buffers are added in order. ``k = nb`` (one call: each column in sequence) while Eigen's
+cost model wants one thread (about R*C < 124k float32 values); otherwise ``k = 1`` on up
+to 10 threads, while from 11 threads cheap blocks are grouped, ``k`` about
+``40000 / (block cost)`` (e.g. R = 20000, C = 8: 16 blocks of 1250 rows in calls of 2 on
+16 threads, 64 blocks of 313 rows in calls of 9 on 64). ``redux_blocks`` derives nb, the
+rows and k from TF's and Eigen's formulas for any T. tfgrad reproduces the order of TF's
+default thread count on this machine (the CPUs the process may use, or
+``TF_NUM_INTRAOP_THREADS``); ``TFGRAD_TF_INTRA_OP_THREADS=T`` selects TF's T-thread order
+(tests pin T = 1, 2, 3, 16 and 64 against TF).
 The forward's sums never depend on the thread count.
 
 Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``): a denormal
 input reads as 0 and a denormal result becomes a zero of its sign, so a sum can end at
 -0 (``(-1.97e-38 + 8.76e-38) - 6.80e-38`` is -1.6e-40, flushed). Which sign survives is
-TF's order: Eigen's column sum (forward) and each ReduceOuterDimensions block start
-from +0 and keep a -0 total; the blocks are added to the first, so -0 stays, except
-where Eigen's cost model runs all of them in one call: the rows all go into the first
-block and the untouched ones (+0) are still added, which makes the total +0
-(``redux_plan``; on 2 threads, e.g. C = 32 with a few rows).
+TF's order: Eigen's column sum (forward) and each ReduceOuterDimensions call start
+from +0 and keep a -0 total; the buffers are added to the first, so -0 stays, except
+where TF adds an untouched buffer (+0) after it: the blocks after the first of a call,
+or blocks past the last row. That turns a -0 total so far into +0 (``redux_plan``; on 2
+threads, e.g. C = 32 with a few rows, where all blocks run in one call).
 
 Empty inputs: with ``R*C == 0`` the forward returns an empty y and NaN batch_mean /
 batch_variance (as TF, even at inference); reserve_space_1/2, uninitialised in TF, are zeros
@@ -141,39 +148,98 @@ def tf_thread_count() -> int:
     return _config.tf_intra_op_threads()
 
 
-def redux_plan(r: int, c: int, itemsize: int, threads: int) -> tuple[int, bool]:
-    """TF's ``ReduceOuterDimensions`` on ``threads`` threads: (rows per partial sum,
-    whether zero partial sums are added to the total after).
+# Eigen's cost model (TensorCostModel.h): cycles per byte loaded (an L2 line of 64 bytes
+# in 11 cycles), the start-up / per-thread costs and the ideal task size.
+_LOAD_CYCLES = 1.0 / 64 * 11
+_STARTUP_CYCLES = 100000.0
+_TASK_CYCLES = 40000.0
 
-    The partial sums (each from +0, rows in sequence) are added in order, the first
-    unchanged. One block (all rows in sequence) unless C <= 32 * threads and there is
-    work for more than one block. When Eigen's cost model (parallelFor over the blocks,
-    1e5 cycles per thread) then runs all the blocks in one call, every row goes into the
-    first partial sum and TF still adds the other, untouched (+0) ones to it: the total
-    is ``sum + 0``, which turns a sum flushed to -0 into +0."""
+
+def eigen_num_threads(n: int, cost: float, threads: int) -> int:
+    """Eigen's ``TensorCostModel::numThreads(n, cost, threads)``: the threads worth using for
+    n items of ``cost`` cycles each."""
+    t = min((n * cost - _STARTUP_CYCLES) / _STARTUP_CYCLES + 0.9, 2.0**31 - 1)
+    return min(threads, max(1, int(t)))  # int() truncates toward zero, as C++'s cast
+
+
+def parallel_for_block(n: int, cost: float, threads: int) -> int:
+    """How many consecutive items of [0, n) Eigen's ``ThreadPoolDevice::parallelFor(n,
+    cost, f)`` hands to one call of f (TensorDeviceThreadPool.h): all n when the cost
+    model wants one thread; else ``CalculateParallelForBlock``'s block size (items of
+    ``1 / taskSize`` worth 40000 cycles, at least ``ceil(n / (4 * threads))``, coarsened
+    up to twice that while the parallel efficiency does not drop by more than 0.01), and
+    ``handleRange`` halves [0, n) at multiples of it, so the calls are
+    ``[k * block, min(n, (k + 1) * block))``."""
+    if n == 1 or threads == 1 or eigen_num_threads(n, cost, threads) == 1:
+        return n
+    block_size_f = 1.0 / (cost / _TASK_CYCLES)
+    block = min(n, max(-(-n // (4 * threads)), int(block_size_f)))
+    max_block = min(n, 2 * block)
+    count = -(-n // block)
+    best = count / (-(-count // threads) * threads)
+    prev = count
+    while best < 1.0 and prev > 1:
+        coarser = -(-n // (prev - 1))
+        if coarser > max_block:
+            break
+        prev = -(-n // coarser)
+        eff = prev / (-(-prev // threads) * threads)
+        if eff + 0.01 >= best:
+            block, count = coarser, prev
+            best = max(best, eff)
+    return block
+
+
+def redux_blocks(r: int, c: int, itemsize: int, threads: int) -> tuple[int, int, int]:
+    """TF's ``ReduceOuterDimensions`` (redux_functor.h) over [r, c] on ``threads`` threads:
+    ``(nb, rows, per_call)``. TF zeroes nb partial-sum buffers; buffer i is for rows
+    ``[i * rows, (i + 1) * rows)``; Eigen's parallelFor runs the blocks in calls of
+    ``per_call`` consecutive blocks, and a call [s, e) sums all its rows in sequence into
+    buffer s (the others stay +0); then buffers 1..nb-1 are added to buffer 0 in order.
+
+    With C > 32 * threads TF splits the columns instead (each still summed in sequence):
+    one block. Otherwise nb = min(r, ceil(r*c / ceil(2000 / c)), threads) blocks of
+    ``ceil(r / nb)`` rows (the last ones may be empty), each costing
+    ``rows*c * (itemsize * 11/64 + 1)`` cycles (bytes loaded, one add a value)."""
     if threads <= 1 or r <= 1 or c > 32 * threads:
-        return max(r, 1), False
-    min_block_rows = -(-2000 // c)
-    nb = min(r, -(-(r * c) // min_block_rows), threads)
-    if nb <= 1:
-        return r, False
+        return 1, max(r, 1), 1
+    min_rows = -(-2000 // c)  # min_block_workload = 2000 values
+    nb = min(r, -(-(r * c) // min_rows), threads)
     rows = -(-r // nb)
-    per_block = rows * c * (itemsize * 11.0 / 64.0 + 1.0)
-    if int((nb * per_block - 100000.0) / 100000.0 + 0.9) <= 1:
-        return r, True  # Eigen's parallelFor runs the whole range in one call
-    return rows, False
+    size = rows * c  # values a block sums
+    cost = (_LOAD_CYCLES * (size * itemsize) + _LOAD_CYCLES * 0.0) + 1.0 * size
+    return nb, rows, parallel_for_block(nb, cost, threads)
+
+
+def redux_plan(r: int, c: int, itemsize: int, threads: int) -> tuple[int, bool, bool]:
+    """``redux_blocks`` as the kernels run it: ``(rows, zero_between, zero_after)``.
+
+    Partial sums of ``rows`` rows each (from +0, rows in sequence; the calls that have
+    rows) are added in order, the first unchanged. The untouched buffers TF adds too are
+    +0: adding one changes nothing but turns a total of -0 (a sum flushed to zero, FTZ)
+    into +0. ``zero_between``: such buffers follow every partial sum but the last (calls
+    of several blocks); ``zero_after``: some follow the last one (a call of several
+    blocks, or blocks past the last row). All blocks in one call (little work, e.g. C = 32
+    on 2 threads with a few rows): every row in the first sum, +0 added after."""
+    nb, rows, per_call = redux_blocks(r, c, itemsize, threads)
+    span = per_call * rows  # rows of one call
+    calls = -(-max(r, 1) // span)  # the calls that have rows
+    return min(span, max(r, 1)), per_call > 1 and calls > 1, nb - 1 > (calls - 1) * per_call
 
 
 def _redux_sum(a: np.ndarray, itemsize: int = 4) -> np.ndarray:
-    """TF's ``ReduceOuterDimensions`` sum over the rows of ``a`` (see redux_plan)."""
+    """TF's ``ReduceOuterDimensions`` sum over the rows of ``a``, literally (redux_blocks)."""
     r, c = a.shape
     if r == 1:
         return a[0].copy()  # TF passes the single row through (a -0 stays -0)
-    block, merged = redux_plan(r, c, itemsize, tf_thread_count())
-    total = _seq_sum(a[:block])
-    for start in range(block, r, block):
-        total = total + _seq_sum(a[start:start + block])
-    return total + _F32(0) if merged else total
+    nb, rows, per_call = redux_blocks(r, c, itemsize, tf_thread_count())
+    buffers = [np.zeros(c, _F32) for _ in range(nb)]
+    for s in range(0, nb, per_call):
+        buffers[s] = _seq_sum(a[s * rows:(s + per_call) * rows])
+    total = buffers[0]
+    for b in buffers[1:]:
+        total = total + b
+    return total
 
 
 def colsum_eigen(a: np.ndarray) -> np.ndarray:

@@ -65,16 +65,22 @@ tfgrad follows TF's results (users need TF's numbers) and raises only where TF c
 
 TF's sums depend on its thread count
 ------------------------------------
-12. Eigen's full reducer splits a long sum into equal blocks, one per thread, when its cost
-    model asks for it: ``threads = int((n * cost - 1e5) / 1e5 + 0.9)`` capped by TF's
-    intra-op thread count, with cost = 67/16 per value for Vars and 75/16 for PerChannel
-    (measured by tools/fake_quant_costs.py). With 2 threads a Vars sum splits from 50150
-    values, a PerChannel column from 44800 rows; the result is then
-    ``((remainder or 0) + block_0) + block_1 + ...``, each block a tree of its own. So
-    TF's dmin/dmax differ between machines. tfgrad reproduces the split TF makes by
-    default on the machine it runs on (TF_NUM_INTRAOP_THREADS, else the CPUs the process
-    may use); ``TFGRAD_TF_INTRA_OP_THREADS`` sets another count. tfgrad's own thread
-    count never changes a result.
+12. Eigen's full reducer (``FullReducer<ThreadPoolDevice>``, TensorReduction.h) splits a
+    long sum when its cost model asks for it: ``threads = int((n * cost - 1e5) / 1e5 +
+    0.9)`` capped by TF's intra-op thread count, with cost = 67/16 per value for Vars and
+    75/16 for PerChannel (measured by tools/fake_quant_costs.py: Eigen's costs are 11/64
+    a byte plus whole cycles over packets of 8, multiples of 1/64, and these are the only
+    such values the measured thresholds allow). k threads from ``n * cost >= (k + 0.1) *
+    1e5``: a Vars sum takes 2 threads from 50150 values and 64 from 1530747, a
+    PerChannel column 2 from 44800 rows and 64 from 1367467. The blocks are
+    ``n // threads`` values, ``n // (n // threads)`` of them (more than threads when
+    n < threads**2), and the result is ``((remainder or 0) + block_0) + block_1 + ...``,
+    each block a tree of its own. Nothing else in it depends on the thread count, so
+    this holds for any count (tested against TF on 2, 3, 12, 16 and 64 threads). So TF's
+    dmin/dmax differ between machines. tfgrad reproduces the split TF makes by default on
+    the machine it runs on (TF_NUM_INTRAOP_THREADS, else the CPUs the process may use);
+    ``TFGRAD_TF_INTRA_OP_THREADS`` sets another count. tfgrad's own thread count never
+    changes a result.
 """
 
 from __future__ import annotations
