@@ -266,6 +266,31 @@ def test_backprop_input_flushed_minus_zero_turns_plus_at_a_missed_tap(impl, dt):
         oracle.assert_same(dx, oracle.run_tf(BI.OP_NAME, kw))
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_dilated_forward_inserted_zero_turns_minus_zero_plus(impl, dt):
+    """3x3 filter, dilation 2 (TF's explicit filter is 5x5). On the middle row, x = [a,
+    1, -b, 1, 0]: a - b flushes to -0, then the inserted tap over x = 1 adds 1 * 0 = +0,
+    so TF's sum stays +0 (the later real taps add w * 0 = -0). Skipping the inserted
+    taps gives -0; the kernel must detect that -0 and redo the element."""
+    a, b = (dt(1.5e-38), dt(1.6e-38)) if dt == np.float32 else (2.5e-308, 2.6e-308)
+    C = 16
+    x = np.zeros((1, 5, 5, C), dt)
+    x[0, 2] = np.array([a, 1, -b, 1, 0], dt)[:, None]
+    w = np.repeat(np.array([[1, 1, 1], [1, 1, -1], [-1, -1, -1]], dt)[:, :, None, None], C,
+                  axis=2)
+    kw = {"input": x, "filter": w, "strides": [1, 1, 1, 1], "padding": "VALID",
+          "dilations": [1, 2, 2, 1]}
+    with tfgrad.use_impl(impl):
+        y = FWD(**kw)
+    assert y.shape == (1, 1, 1, C) and not y.any() and not np.signbit(y).any()
+    if oracle.tensorflow() is not None:
+        from tests.cases.depthwise_conv import _nhwc_call
+
+        oracle.assert_same(y, oracle.run_tf(*_nhwc_call(FWD.OP_NAME, kw, False, (2, 2),
+                                                        w.shape)))
+
+
 # Values whose sums cancel into the denormal range (they flush to +-0), with zeros of
 # both signs: every path's signed zeros are exercised. (Half types: around their
 # underflow, where a sum rounds to a zero of its sign.)

@@ -99,6 +99,46 @@ def vzeros(typingctx, arr):  # type: ignore[no-untyped-def]
     return vt(arr), codegen
 
 
+def _opaque_zero(builder, ft):  # type: ignore[no-untyped-def]
+    """+0 of float type ft through an empty inline asm: the optimizer cannot know its
+    value, so it cannot prove that sums started from it are never -0 (true without
+    FTZ, which LLVM assumes; false under TF's FTZ, where a sum flushes to -0)."""
+    ity = ir.IntType(32 if ft == types.float32 else 64)
+    bits = builder.asm(ir.FunctionType(ity, [ity]), "", "=r,0", [ity(0)], side_effect=False)
+    return builder.bitcast(bits, ir.FloatType() if ft == types.float32 else ir.DoubleType())
+
+
+@intrinsic
+def zero_opaque(typingctx, arr):  # type: ignore[no-untyped-def]
+    """+0 of arr's dtype that the optimizer cannot see through (see _opaque_zero)."""
+    vt = _vec_of(arr)
+    if vt is None:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _opaque_zero(builder, vt.dtype)
+
+    return vt.dtype(arr), codegen
+
+
+@intrinsic
+def vzeros_opaque(typingctx, arr):  # type: ignore[no-untyped-def]
+    """vzeros that the optimizer cannot see through: start a sum whose -0 a kernel
+    tests for (vhas_negzero) from it."""
+    vt = _vec_of(arr)
+    if vt is None:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        z = _opaque_zero(builder, vt.dtype)
+        v = ir.Constant(_llvm_type(vt), ir.Undefined)
+        for k in range(vt.lanes):
+            v = builder.insert_element(v, z, ir.IntType(32)(k))
+        return v
+
+    return vt(arr), codegen
+
+
 @intrinsic
 def vload(typingctx, arr, i):  # type: ignore[no-untyped-def]
     """arr.flat[i:i + lanes] (arr C-contiguous and one-dimensional)."""
@@ -441,5 +481,5 @@ else:  # pragma: no cover - elsewhere the default environment (see tfgrad._fpenv
 
 __all__ = ["FTZ_DAZ", "Vec", "flush_denormal", "ftz_enter", "ftz_exit", "mxcsr_get", "mxcsr_put",
            "nlanes", "prefetch", "store_fn", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
-           "vload", "vmax_keep", "vmul", "vmuladd", "vstore", "vstore_nt", "vsub", "vwhere_eq",
-           "vwhere_lt", "vzeros"]
+           "vhas_negzero", "vload", "vmax_keep", "vmin_bits", "vmul", "vmuladd", "vstore",
+           "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque", "zero_opaque"]

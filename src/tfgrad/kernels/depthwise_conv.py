@@ -83,6 +83,8 @@ from ._simd import (
     vput,
     vstore,
     vzeros,
+    vzeros_opaque,
+    zero_opaque,
 )
 
 if TYPE_CHECKING:
@@ -624,7 +626,9 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):
 # only when it is -0 (a sum that flushed or underflowed), turning it into +0. A kernel
 # that skips such taps therefore returns TF's bits except that some of TF's +0 come out
 # -0 (never the reverse: adding a zero cannot make a -0), so its -0 outputs are redone
-# exactly, every tap computed, by the element functions below.
+# exactly, every tap computed, by the element functions below. The register-blocked
+# kernels start the sums they test from ``vzeros_opaque``: LLVM assumes no FTZ, where a
+# sum started from +0 is never -0, and folded the test away when they started from +0.
 # --------------------------------------------------------------------------------------
 @njit(inline="always")
 def _negzero(v):  # type: ignore[no-untyped-def]
@@ -806,7 +810,7 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream
     lane it stored was -0."""
     neg = False
     for ch in range(0, CV, NL):
-        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
         for r in range(FH):
             b = rowoff[r] + a0 + ch
             for c in range(FW):
@@ -906,7 +910,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                                           sw * CM, dw * CM, _P, stream)
                 else:  # one pixel; taps in the padding compute 0 * w
                     for ch in range(0, CV, NL):
-                        v = vzeros(x)
+                        v = vzeros_opaque(x)
                         for r in range(FH):
                             for c in range(FW):
                                 jj = j * sw - pl + c * dw
@@ -920,7 +924,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                     j1 = j + 1
                 for jp in range(j, j1):  # lanes past the last full vector
                     for ch in range(CV, CM):
-                        s_ = zero
+                        s_ = zero_opaque(x)
                         for r in range(FH):
                             for c in range(FW):
                                 jj = jp * sw - pl + c * dw
@@ -955,7 +959,7 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
     whether a lane it stored was -0."""
     neg = False
     for ch in range(0, CV, NL):
-        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
         for r in range(FH):
             if not rowok[r]:
                 continue
@@ -1053,7 +1057,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
-                            v = vzeros(w)
+                            v = vzeros_opaque(w)
                             for r in range(FH):
                                 if not rowok[r]:
                                     continue
@@ -1067,7 +1071,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                         u1 = u + 1
                     for up in range(u, u1):  # lanes past the last full vector
                         for ch in range(CV, CM):
-                            s_ = zero
+                            s_ = zero_opaque(w)
                             for r in range(FH):
                                 if not rowok[r]:
                                     continue
