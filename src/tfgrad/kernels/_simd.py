@@ -99,6 +99,13 @@ def vzeros(typingctx, arr):  # type: ignore[no-untyped-def]
     return vt(arr), codegen
 
 
+def _splat(builder, vt, s):  # type: ignore[no-untyped-def]
+    v = ir.Constant(_llvm_type(vt), ir.Undefined)
+    for k in range(vt.lanes):
+        v = builder.insert_element(v, s, ir.IntType(32)(k))
+    return v
+
+
 def _opaque_zero(builder, ft):  # type: ignore[no-untyped-def]
     """+0 of float type ft through an empty inline asm: the optimizer cannot know its
     value, so it cannot prove that sums started from it are never -0 (true without
@@ -130,11 +137,7 @@ def vzeros_opaque(typingctx, arr):  # type: ignore[no-untyped-def]
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        z = _opaque_zero(builder, vt.dtype)
-        v = ir.Constant(_llvm_type(vt), ir.Undefined)
-        for k in range(vt.lanes):
-            v = builder.insert_element(v, z, ir.IntType(32)(k))
-        return v
+        return _splat(builder, vt, _opaque_zero(builder, vt.dtype))
 
     return vt(arr), codegen
 
@@ -242,11 +245,7 @@ def vfull(typingctx, arr, value):  # type: ignore[no-untyped-def]
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        s = context.cast(builder, args[1], sig.args[1], vt.dtype)
-        v = ir.Constant(_llvm_type(vt), ir.Undefined)
-        for k in range(vt.lanes):
-            v = builder.insert_element(v, s, ir.IntType(32)(k))
-        return v
+        return _splat(builder, vt, context.cast(builder, args[1], sig.args[1], vt.dtype))
 
     return vt(arr, value), codegen
 
