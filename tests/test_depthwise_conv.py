@@ -152,6 +152,37 @@ def test_register_blocked_kernels_equal_reference(monkeypatch, prob, dtype, spec
     _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs} stream={stream}")
 
 
+@pytest.mark.parametrize("dtype, C, M", [("float32", 8, 2), ("float64", 4, 2), ("float32", 16, 3),
+                                         ("float64", 2, 4), ("float32", 12, 4)])
+@pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (3, 1, 1, "SAME"),
+                                              (3, 2, 1, "SAME"), (3, 1, 2, "SAME"),
+                                              (2, 3, 2, "VALID")])
+def test_forward_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, padding):
+    """The forward with M > 1 and whole lane vectors (C * M a multiple of 16 float32 / 8
+    float64 lanes) reads a ring blocked by lane vector and sweeps each output row's
+    4-pixel blocks lane vector by lane vector (_row_offset_blocked; M = 2 duplicates
+    with vload_dup2, other M lane by lane): the same bits as the reference, borders,
+    strides, dilations and flushed -0 sums included, streamed or not."""
+    rng = np.random.default_rng(C * M + f)
+    attrs = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
+    for cancelling in (False, True):  # (True: sums that flush to -0, see _cancelling)
+        if cancelling:
+            x = _cancelling(rng, (2, 11, 23, C), dtype)
+            w = _cancelling(rng, (f, f, C, M), dtype, filt=True)
+        else:
+            x = rng.standard_normal((2, 11, 23, C)).astype(dtype)
+            w = rng.standard_normal((f, f, C, M)).astype(dtype)
+        for stream in (0, 1 << 62):
+            monkeypatch.setattr(K, "_STREAM_MIN_BYTES", stream)
+            with tfgrad.use_impl("kernel"):
+                a = FWD(input=x, filter=w, **attrs)
+            with tfgrad.use_impl("reference"):
+                b = FWD(input=x, filter=w, **attrs)
+            oracle.assert_same(a, b, what=f"{dtype} C={C} M={M} {attrs} stream={stream}")
+            if cancelling:
+                assert (np.signbit(a) & (a == 0)).any()  # (the -0 case is exercised)
+
+
 @pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
 def test_streamed_outputs(monkeypatch, dtype, C):
     """Outputs of whole-line pixels at or above _STREAM_MIN_BYTES take the non-temporal

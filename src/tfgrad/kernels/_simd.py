@@ -157,6 +157,25 @@ def vload(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vload_dup2(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + lanes // 2] with every value repeated twice (lanes 2k and 2k + 1
+    hold arr.flat[i + k])."""
+    vt = _vec_of(arr)
+    if vt is None or not isinstance(i, types.Integer):
+        return None
+    half = Vec(vt.dtype, vt.lanes // 2)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        h = builder.load(_pointer(context, builder, sig.args[0], args[0], args[1], half),
+                         align=vt.dtype.bitwidth // 8)
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), vt.lanes),
+                           [k // 2 for k in range(vt.lanes)])
+        return builder.shuffle_vector(h, h, mask)
+
+    return vt(arr, i), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     """arr.flat[i:i + lanes] = v."""
     vt = _vec_of(arr)
@@ -480,5 +499,6 @@ else:  # pragma: no cover - elsewhere the default environment (see tfgrad._fpenv
 
 __all__ = ["FTZ_DAZ", "Vec", "flush_denormal", "ftz_enter", "ftz_exit", "mxcsr_get", "mxcsr_put",
            "nlanes", "prefetch", "store_fn", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
-           "vhas_negzero", "vload", "vmax_keep", "vmin_bits", "vmul", "vmuladd", "vstore",
-           "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque", "zero_opaque"]
+           "vhas_negzero", "vload", "vload_dup2", "vmax_keep", "vmin_bits", "vmul", "vmuladd",
+           "vstore", "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque",
+           "zero_opaque"]

@@ -38,10 +38,19 @@ group of filter rows, and prefetches the next output row's lines (3x3 stride 1 o
 thread: 9.5 ms with the run kernel, 4.1 ms). Multipliers M > 1 expand each input row
 once into a ring with every channel repeated M times (and BackpropInput reduces over the
 multiplier per pixel); both loops vectorise for M = 2, which halved the 5x5 M = 2
-forward on Zen 3. Each element's arithmetic is the same as in the kernels above. The
-forward and (M = 1) BackpropInput ones write outputs of 4 MiB or more whose pixels are
-whole 64-byte lines with non-temporal stores (``_simd.stream_output``): no
-read-for-ownership of lines that are only written, a third of a stride-1 op's traffic.
+forward on Zen 3. When C * M is whole lane vectors the forward's ring is blocked by lane
+vector (``_row_offset_blocked``: a lane vector's pixels in consecutive lines) and each
+output row's 4-pixel blocks go lane vector by lane vector, so the lines one sweep reads
+stay in L1 from block to block; in the pixel-major layout a block's 8 pixels x 5 rows of
+every lane vector fill L1 and the 768-byte pixel stride defeats the prefetchers (5x5
+M = 2 forward on Zen 3: 34-36% of the multiply throughput -> 41-48%, ~20% faster). The
+same sweep over the pixel-major out_backprop rows made BackpropInput 1.4-4x slower, and
+the blocked ring gave BackpropFilter (already lane vector by lane vector) ~5% at 5x5
+M = 2 while its M = 1 path lost ~6%: both measured and left out. Each element's
+arithmetic is the same as in the kernels above. The forward and (M = 1) BackpropInput
+ones write outputs of 4 MiB or more whose pixels are whole 64-byte lines with
+non-temporal stores (``_simd.stream_output``): no read-for-ownership of lines that are
+only written, a third of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -78,6 +87,7 @@ from ._simd import (
     stream_output,
     vhas_negzero,
     vload,
+    vload_dup2,
     vmin_bits,
     vmuladd,
     vput,
@@ -804,15 +814,44 @@ def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):  # type: ignore[no-untype
 
 
 @njit(inline="always")
-def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
-    """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside: pixel p's
-    tap (r, c) reads src[rowoff[r] + a0 + p*ps + c*ts:][:lanes]. Returns whether a
-    lane it stored was -0."""
+def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[no-untyped-def]
+    """_row_offset for the forward with M > 1 and C * M a multiple of the lanes, into a
+    ring whose rows are blocked by channel vector: lane l of channel vector q at pixel p
+    is at q * W * NL + p * NL + l. A sweep of one channel vector along a row then reads
+    consecutive lines, which stay in L1 from one 4-pixel block to the next (in the
+    pixel-major layout they are C * M values apart and the prefetchers miss them)."""
+    s = ii % tags.size
+    CM = C * M
+    d0 = s * W * CM
+    if tags[s] != n * H + ii:
+        u = np.uint64
+        src, dd, nl, w, nq = u((n * H + ii) * W * C), u(d0), u(NL), u(W), u(CM // NL)
+        if M == 2:
+            for p in range(w):
+                for q in range(nq):
+                    vstore(ring, dd + (q * w + p) * nl,
+                           vload_dup2(xf, src + p * u(C) + q * (nl // u(2))))
+        else:
+            for p in range(w):
+                for q in range(nq):
+                    o = dd + (q * w + p) * nl
+                    for lane in range(nl):
+                        ring[o + lane] = xf[src + p * u(C) + (q * nl + lane) // u(M)]
+        tags[s] = n * H + ii
+    return d0
+
+
+@njit(inline="always")
+def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
+    """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside, channel
+    vectors [ch0, ch1): pixel p's tap (r, c) reads the lanes at src[rowoff[r] + a0 +
+    p*ps + c*ts + (ch // NL) * CS] (CS: NL in x's own layout, W * NL in a blocked ring).
+    Returns whether a lane it stored was -0."""
     neg = False
-    for ch in range(0, CV, NL):
+    for ch in range(ch0, ch1, NL):
         v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
         for r in range(FH):
-            b = rowoff[r] + a0 + ch
+            b = rowoff[r] + a0 + (ch // NL) * CS
             for c in range(FW):
                 wv = vload(wf, (r * FW + c) * CM + ch)
                 a = b + c * ts
@@ -832,22 +871,23 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, ps, ts, P, stream
 
 
 @njit(inline="always")
-def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream):  # type: ignore[no-untyped-def]  # noqa: E501
-    """_fwd_block for 4 pixels at stride 1, dilation 1: the 4 pixels' inputs for tap c
-    are columns c..c+3, held in registers that slide by one column per tap, so each
-    input vector is loaded once per filter row instead of up to 4 times."""
-    for ch in range(0, CV, NL):
+def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream):  # type: ignore[no-untyped-def]  # noqa: E501
+    """_fwd_block for 4 pixels at stride 1, dilation 1 (pixel stride ps in src): the 4
+    pixels' inputs for tap c are columns c..c+3, held in registers that slide by one
+    column per tap, so each input vector is loaded once per filter row instead of up to
+    4 times."""
+    for ch in range(ch0, ch1, NL):
         v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
         for r in range(FH):
-            b = rowoff[r] + a0 + ch
-            x0, x1 = vload(src, b), vload(src, b + CM)
-            x2, x3 = vload(src, b + 2 * CM), vload(src, b + 3 * CM)
+            b = rowoff[r] + a0 + (ch // NL) * CS
+            x0, x1 = vload(src, b), vload(src, b + ps)
+            x2, x3 = vload(src, b + 2 * ps), vload(src, b + 3 * ps)
             for c in range(FW):
                 wv = vload(wf, (r * FW + c) * CM + ch)
                 v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, False)
                 if c + 1 < FW:
                     x0, x1, x2 = x1, x2, x3
-                    x3 = vload(src, b + (c + 4) * CM)
+                    x3 = vload(src, b + (c + 4) * ps)
         vput(of, o + ch, v0, stream)
         vput(of, o + CM + ch, v1, stream)
         vput(of, o + 2 * CM + ch, v2, stream)
@@ -859,7 +899,9 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
     def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
-        lanes are contiguous. ``stream``: the output's vectors go out with non-temporal
+        lanes are contiguous; with whole channel vectors the ring is blocked by channel
+        vector (_row_offset_blocked) and a row's 4-pixel blocks go channel vector by
+        channel vector. ``stream``: the output's vectors go out with non-temporal
         stores (whole-line pixels of a large output; see backprop_input / forward).
         Rows that hold a -0 are marked in ``negz`` (used when dilated: _negzero)."""
         N, H, W, C = x.shape
@@ -868,6 +910,9 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         NL = nlanes(x)
         CV = CM - CM % NL
         WC = W * CM
+        blocked = M > 1 and CV == CM
+        PS = NL if blocked else CM  # src's pixel stride
+        CS = W * NL if blocked else NL  # src's channel-vector stride
         xf, wf, of = x.reshape(x.size), w.reshape(w.size), out.reshape(out.size)
         zero = np.zeros(1, x.dtype)[0]
         R = (FH - 1) * dh + 1 if M > 1 else 0
@@ -885,15 +930,42 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
             for r in range(FH):
                 ii = i * sh - pt + r * dh
                 rowok[r] = 0 <= ii < H
-                if rowok[r]:
-                    rowoff[r] = _row_offset(xf, n, ii, H, W, C, M, ring, tags)
-                else:
+                if not rowok[r]:
                     allok = False
+                elif blocked:
+                    rowoff[r] = _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags)
+                else:
+                    rowoff[r] = _row_offset(xf, n, ii, H, W, C, M, ring, tags)
             ob = (n * oh + i) * ow * CM
             j = 0
             while j < ow:
-                if allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
-                    a0, o = (j * sw - pl) * CM, ob + j * CM
+                if allok and blocked and j == J0 and J1 - J0 >= _P:
+                    # the row's 4-pixel blocks, channel vector by channel vector
+                    nb = (J1 - J0) // _P
+                    # the next output row's new input rows, spread over the blocks
+                    last = i * sh - pt + (FH - 1) * dh
+                    pa = (n * H + last + 1) * W * C
+                    pn = max(0, min(sh, 2, H - 1 - last)) * W * C
+                    step = 16 * -(-pn // (16 * nb * (CV // NL)))
+                    for ch in range(0, CV, NL):
+                        for k in range(nb):
+                            for e in range(0, step, 16):
+                                if e < pn:
+                                    prefetch(xf, pa + e)
+                            pa += step
+                            pn -= step
+                            jk = j + k * _P
+                            a0, o = (jk * sw - pl) * PS, ob + jk * CM
+                            if sw == 1 and dw == 1:
+                                _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch, ch + NL,
+                                                CS, NL, FH, FW, PS, stream)
+                            else:
+                                neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
+                                                  ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
+                                                  _P, stream)
+                    j1 = j + nb * _P
+                elif allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
+                    a0, o = (j * sw - pl) * PS, ob + j * CM
                     j1 = j + _P if j + _P <= J1 else j + 1
                     if M == 1:  # the next output row's new input rows, these columns
                         for k in range(1, min(sh, 2) + 1):  # (strides can be huge)
@@ -901,28 +973,30 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                             for e in range(0, (j1 - j) * sw * CM, 16):
                                 prefetch(xf, pa + e)
                     if j1 == j + 1:
-                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, 0,
-                                          dw * CM, 1, stream)
+                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
+                                          FW, 0, dw * PS, 1, stream)
                     elif sw == 1 and dw == 1:  # (undilated: nothing to track)
-                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW, stream)
+                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH, FW,
+                                        PS, stream)
                     else:
-                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, CV, NL, FH, FW,
-                                          sw * CM, dw * CM, _P, stream)
+                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
+                                          FW, sw * PS, dw * PS, _P, stream)
                 else:  # one pixel; taps in the padding compute 0 * w
                     for ch in range(0, CV, NL):
                         v = vzeros_opaque(x)
+                        cb = (ch // NL) * CS
                         for r in range(FH):
                             for c in range(FW):
                                 jj = j * sw - pl + c * dw
                                 wv = vload(wf, (r * FW + c) * CM + ch)
                                 if rowok[r] and 0 <= jj < W:
-                                    v = vmuladd(v, vload(src, rowoff[r] + jj * CM + ch), wv)
+                                    v = vmuladd(v, vload(src, rowoff[r] + jj * PS + cb), wv)
                                 else:
                                     v = vmuladd(v, vzeros(x), wv)
                         vput(of, ob + j * CM + ch, v, stream)
                         neg = neg or vhas_negzero(v)
                     j1 = j + 1
-                for jp in range(j, j1):  # lanes past the last full vector
+                for jp in range(j, j1):  # lanes past the last full vector (never blocked)
                     for ch in range(CV, CM):
                         s_ = zero_opaque(x)
                         for r in range(FH):
