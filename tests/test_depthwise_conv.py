@@ -157,30 +157,41 @@ def test_register_blocked_kernels_equal_reference(monkeypatch, prob, dtype, spec
 @pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (3, 1, 1, "SAME"),
                                               (3, 2, 1, "SAME"), (3, 1, 2, "SAME"),
                                               (2, 3, 2, "VALID")])
-def test_forward_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, padding):
-    """The forward with M > 1 and whole lane vectors (C * M a multiple of 16 float32 / 8
-    float64 lanes) reads a ring blocked by lane vector and sweeps each output row's
-    4-pixel blocks lane vector by lane vector (_row_offset_blocked; M = 2 duplicates
-    with vload_dup2, other M lane by lane): the same bits as the reference, borders,
-    strides, dilations and flushed -0 sums included, streamed or not."""
+def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, padding):
+    """With M > 1 and whole lane vectors (C * M a multiple of 16 float32 / 8 float64
+    lanes) the forward reads its input rows, and BackpropInput its out_backprop rows,
+    from a ring blocked by lane vector and sweeps the 4-pixel blocks lane vector by lane
+    vector (_row_offset_blocked; the forward's M = 2 duplicates with vload_dup2, other M
+    lane by lane): the same bits as the reference, borders, strides, dilations and
+    flushed -0 sums included, streamed or not."""
     rng = np.random.default_rng(C * M + f)
     attrs = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
+    xs = (2, 11, 23, C)
     for cancelling in (False, True):  # (True: sums that flush to -0, see _cancelling)
         if cancelling:
-            x = _cancelling(rng, (2, 11, 23, C), dtype)
-            w = _cancelling(rng, (f, f, C, M), dtype, filt=True)
+            x, w = _cancelling(rng, xs, dtype), _cancelling(rng, (f, f, C, M), dtype, filt=True)
         else:
-            x = rng.standard_normal((2, 11, 23, C)).astype(dtype)
+            x = rng.standard_normal(xs).astype(dtype)
             w = rng.standard_normal((f, f, C, M)).astype(dtype)
         for stream in (0, 1 << 62):
             monkeypatch.setattr(K, "_STREAM_MIN_BYTES", stream)
+            what = f"{dtype} C={C} M={M} {attrs} stream={stream}"
             with tfgrad.use_impl("kernel"):
                 a = FWD(input=x, filter=w, **attrs)
             with tfgrad.use_impl("reference"):
                 b = FWD(input=x, filter=w, **attrs)
-            oracle.assert_same(a, b, what=f"{dtype} C={C} M={M} {attrs} stream={stream}")
-            if cancelling:
-                assert (np.signbit(a) & (a == 0)).any()  # (the -0 case is exercised)
+            oracle.assert_same(a, b, what="forward " + what)
+            g = _cancelling(rng, a.shape, dtype) if cancelling else rng.standard_normal(
+                a.shape).astype(dtype)
+            out = {}
+            for impl in ("kernel", "reference"):
+                with tfgrad.use_impl(impl):
+                    out[impl] = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
+            oracle.assert_same(out["kernel"], out["reference"], what="backprop_input " + what)
+            assert ("backprop_input", f, f, False, True) in K._VEC_KERNELS
+            if cancelling:  # (the flushed sums are exercised)
+                assert (np.signbit(a) & (a == 0)).any()
+                assert (out["kernel"] == 0).any()
 
 
 @pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
@@ -194,7 +205,7 @@ def test_streamed_outputs(monkeypatch, dtype, C):
     g = rng.standard_normal((2, 9, 13, C)).astype(dtype)
     _kernel_equals_reference(x, w, g, {"padding": "SAME", "strides": [1, 1, 1, 1]}, dtype)
     assert ("forward", 3, 3, True) in K._VEC_KERNELS
-    assert ("backprop_input", 3, 3, True) in K._VEC_KERNELS
+    assert ("backprop_input", 3, 3, True, False) in K._VEC_KERNELS
     with tfgrad.use_impl("kernel"):
         assert FWD(input=x, filter=w, padding="SAME", strides=[1, 1, 1, 1]).ctypes.data % 64 == 0
 

@@ -43,10 +43,14 @@ vector (``_row_offset_blocked``: a lane vector's pixels in consecutive lines) an
 output row's 4-pixel blocks go lane vector by lane vector, so the lines one sweep reads
 stay in L1 from block to block; in the pixel-major layout a block's 8 pixels x 5 rows of
 every lane vector fill L1 and the 768-byte pixel stride defeats the prefetchers (5x5
-M = 2 forward on Zen 3: 34-36% of the multiply throughput -> 41-48%, ~20% faster). The
-same sweep over the pixel-major out_backprop rows made BackpropInput 1.4-4x slower, and
-the blocked ring gave BackpropFilter (already lane vector by lane vector) ~5% at 5x5
-M = 2 while its M = 1 path lost ~6%: both measured and left out. Each element's
+M = 2 forward on Zen 3: 34-36% of the multiply throughput -> 41-48%, ~20% faster).
+BackpropInput with M > 1 reads its out_backprop rows from such a ring too (a reorder
+of g's rows, nothing repeated) and sweeps the same way (5x5 M = 2 on Zen 3: 2-7% faster
+on a quiet machine, 10-25% with other processes sharing the caches); the sweep over the
+pixel-major rows without the ring had made it 1.4-4x slower, and the ring with a row
+buffer for M = 1 left stride 1 as it was and made stride 2 2.6x slower. The
+blocked ring gave BackpropFilter (already lane vector by lane vector) ~5% at 5x5 M = 2
+while its M = 1 path lost ~6%: measured and left out. Each element's
 arithmetic is the same as in the kernels above. The forward and (M = 1) BackpropInput
 ones write outputs of 4 MiB or more whose pixels are whole 64-byte lines with
 non-temporal stores (``_simd.stream_output``): no read-for-ownership of lines that are
@@ -769,7 +773,7 @@ def _sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
 # the kernels above; the pixels whose taps fall partly outside take them one by one.
 
 _VEC_SIZES = frozenset({(1, 1), (2, 2), (3, 3), (5, 5), (7, 7)})  # (fw <= 7)
-_VEC_KERNELS: dict[tuple[str, int, int, bool], object] = {}
+_VEC_KERNELS: dict[tuple, object] = {}
 _STREAM_MIN_BYTES = STREAM_MIN_BYTES  # (tests lower it)
 _P = 4  # output pixels per register block
 
@@ -819,14 +823,19 @@ def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[
     ring whose rows are blocked by channel vector: lane l of channel vector q at pixel p
     is at q * W * NL + p * NL + l. A sweep of one channel vector along a row then reads
     consecutive lines, which stay in L1 from one 4-pixel block to the next (in the
-    pixel-major layout they are C * M values apart and the prefetchers miss them)."""
+    pixel-major layout they are C * M values apart and the prefetchers miss them).
+    M = 1 only reorders (BackpropInput's out_backprop rows, whose C holds C * M)."""
     s = ii % tags.size
     CM = C * M
     d0 = s * W * CM
     if tags[s] != n * H + ii:
         u = np.uint64
         src, dd, nl, w, nq = u((n * H + ii) * W * C), u(d0), u(NL), u(W), u(CM // NL)
-        if M == 2:
+        if M == 1:
+            for p in range(w):
+                for q in range(nq):
+                    vstore(ring, dd + (q * w + p) * nl, vload(xf, src + p * u(C) + q * nl))
+        elif M == 2:
             for p in range(w):
                 for q in range(nq):
                     vstore(ring, dd + (q * w + p) * nl,
@@ -839,6 +848,23 @@ def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[
                         ring[o + lane] = xf[src + p * u(C) + (q * nl + lane) // u(M)]
         tags[s] = n * H + ii
     return d0
+
+
+@njit(inline="always")
+def _prefetch_step(pn, parts):  # type: ignore[no-untyped-def]
+    """Elements per part (whole 16-element steps) when pn elements' prefetches are
+    spread over ``parts`` blocks of work."""
+    return 16 * -(-pn // (16 * max(1, parts)))
+
+
+@njit(inline="always")
+def _prefetch_part(a, pa, pn, step):  # type: ignore[no-untyped-def]
+    """Prefetch the next ``step`` of the pn elements left at a[pa:]; returns where the
+    rest starts and how many are left."""
+    for e in range(0, step, 16):
+        if e < pn:
+            prefetch(a, pa + e)
+    return pa + step, pn - step
 
 
 @njit(inline="always")
@@ -946,14 +972,10 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                     last = i * sh - pt + (FH - 1) * dh
                     pa = (n * H + last + 1) * W * C
                     pn = max(0, min(sh, 2, H - 1 - last)) * W * C
-                    step = 16 * -(-pn // (16 * nb * (CV // NL)))
+                    step = _prefetch_step(pn, nb * (CV // NL))
                     for ch in range(0, CV, NL):
                         for k in range(nb):
-                            for e in range(0, step, 16):
-                                if e < pn:
-                                    prefetch(xf, pa + e)
-                            pa += step
-                            pn -= step
+                            pa, pn = _prefetch_part(xf, pa, pn, step)
                             jk = j + k * _P
                             a0, o = (jk * sw - pl) * PS, ob + jk * CM
                             if sw == 1 and dw == 1:
@@ -1024,25 +1046,28 @@ def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH, FW, ow,  # type: ignore[no-untyped-def]  # noqa: E501
-              check, unit, stream):
-    """4 BackpropInput pixels of one phase (u..u+3, at dst[o:], pixel stride ps): pixel
-    u+p meets out_backprop column tapb[c] + u + p at tap c. ``unit`` (stride 1,
-    dilation 1): tapb[c] = tapb[0] - c, so tap c+1's 4 columns are tap c's moved down
-    by one, held in registers that slide: one new load per tap instead of 4. Returns
-    whether a lane it stored was -0."""
+def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, GS, CS, NL,  # type: ignore[no-untyped-def]  # noqa: E501
+              FH, FW, ow, check, unit, stream):
+    """4 BackpropInput pixels of one phase (u..u+3, at dst[o:], pixel stride ps), channel
+    vectors [ch0, ch1): pixel u+p meets out_backprop column tapb[c] + u + p at tap c,
+    whose lanes are at gs[rowoff[r] + column * GS + (ch // NL) * CS] (g itself: GS = CM,
+    CS = NL; a blocked ring: GS = NL, CS = ow * NL). ``unit`` (stride 1, dilation 1):
+    tapb[c] = tapb[0] - c, so tap c+1's 4 columns are tap c's moved down by one, held in
+    registers that slide: one new load per tap instead of 4. Returns whether a lane it
+    stored was -0."""
     neg = False
-    for ch in range(0, CV, NL):
+    for ch in range(ch0, ch1, NL):
         v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
+        cb = (ch // NL) * CS
         for r in range(FH):
             if not rowok[r]:
                 continue
             if unit:
                 oj = tapb[0] + u
-                a = rowoff[r] + oj * CM + ch
-                g0, g1 = _g_at(gf, check, oj, ow, a), _g_at(gf, check, oj + 1, ow, a + CM)
-                g2 = _g_at(gf, check, oj + 2, ow, a + 2 * CM)
-                g3 = _g_at(gf, check, oj + 3, ow, a + 3 * CM)
+                a = rowoff[r] + oj * GS + cb
+                g0, g1 = _g_at(gs, check, oj, ow, a), _g_at(gs, check, oj + 1, ow, a + GS)
+                g2 = _g_at(gs, check, oj + 2, ow, a + 2 * GS)
+                g3 = _g_at(gs, check, oj + 3, ow, a + 3 * GS)
                 for c in range(FW):
                     wv = vload(wf, (r * FW + c) * CM + ch)
                     # g3 first: it leaves the window after this tap (so its register
@@ -1050,18 +1075,18 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
                     v3, v2, v1, v0 = _mac4(v3, v2, v1, v0, wv, g3, g2, g1, g0, True)
                     if c + 1 < FW:
                         g1, g2, g3 = g0, g1, g2
-                        g0 = _g_at(gf, check, oj - c - 1, ow, a - (c + 1) * CM)
+                        g0 = _g_at(gs, check, oj - c - 1, ow, a - (c + 1) * GS)
                 continue
             for c in range(FW):
                 if not taphit[c]:
                     continue
                 wv = vload(wf, (r * FW + c) * CM + ch)
                 oj = tapb[c] + u
-                a = rowoff[r] + oj * CM + ch
-                v0 = vmuladd(v0, wv, _g_at(gf, check, oj, ow, a))
-                v1 = vmuladd(v1, wv, _g_at(gf, check, oj + 1, ow, a + CM))
-                v2 = vmuladd(v2, wv, _g_at(gf, check, oj + 2, ow, a + 2 * CM))
-                v3 = vmuladd(v3, wv, _g_at(gf, check, oj + 3, ow, a + 3 * CM))
+                a = rowoff[r] + oj * GS + cb
+                v0 = vmuladd(v0, wv, _g_at(gs, check, oj, ow, a))
+                v1 = vmuladd(v1, wv, _g_at(gs, check, oj + 1, ow, a + GS))
+                v2 = vmuladd(v2, wv, _g_at(gs, check, oj + 2, ow, a + 2 * GS))
+                v3 = vmuladd(v3, wv, _g_at(gs, check, oj + 3, ow, a + 3 * GS))
         vput(dst, o + ch, v0, stream)
         vput(dst, o + ps + ch, v1, stream)
         vput(dst, o + 2 * ps + ch, v2, stream)
@@ -1071,7 +1096,7 @@ def _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, NL, FH
     return neg
 
 
-def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
+def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool):  # type: ignore[no-untyped-def]  # noqa: E501
     @njit(nogil=True, cache=True)
     def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
         """BackpropInput for a finite filter, skipping the taps that meet no out_backprop
@@ -1079,13 +1104,23 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
         ``negz`` and redone exactly, see _redo_negzero). One task per input row; its
         pixels are taken by phase modulo the stride, four of one phase (which meet the
         same taps, at consecutive out_backprop columns) at a time. Then the multiplier
-        reduction in TF's packet order (plane lanes)."""
+        reduction in TF's packet order (plane lanes). With M > 1 and whole channel
+        vectors the out_backprop rows are read from a ring blocked by channel vector
+        (_row_offset_blocked) and each phase's 4-pixel blocks go channel vector by
+        channel vector, as in the forward. (``blocked`` is a compile-time constant, set
+        by the caller exactly then: the pixel-major variant keeps its constant strides.)"""
         N, H, W, C = out.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
         M = CM // C
         NL = nlanes(w)
         CV = CM - CM % NL
         gf, wf, of = g.reshape(g.size), w.reshape(w.size), out.reshape(out.size)
+        GS = NL if blocked else CM  # gs's pixel stride
+        CS = ow * NL if blocked else NL  # gs's channel-vector stride
+        R = (FH - 1) * dh + 1 if blocked else 0  # (an input row's out_backprop rows span
+        ring = np.empty(R * ow * CM, w.dtype)  # at most (FH - 1) * dh // sh + 1)
+        tags = np.full(R, -1, np.int64)
+        gs = ring if blocked else gf
         zero = np.zeros(1, w.dtype)[0]
         per = np.empty(W * CM if M > 1 else 0, w.dtype)
         dst = of if M == 1 else per
@@ -1101,8 +1136,15 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                 pr = ii + pt - r * dh
                 oi = pr // sh
                 rowok[r] = pr - oi * sh == 0 and 0 <= oi < oh
-                rowoff[r] = (n * oh + oi) * ow * CM
+                if blocked and rowok[r]:
+                    rowoff[r] = _row_offset_blocked(gf, n, oi, oh, ow, CM, 1, NL, ring, tags)
+                else:
+                    rowoff[r] = (n * oh + oi) * ow * CM
             db = (n * H + ii) * W * CM if M == 1 else 0
+            # (blocked) the next input row's new out_backprop row, spread over the blocks
+            nx = ii + 1 + pt
+            pa = (n * oh + nx // sh) * ow * CM
+            pn = ow * CM if ii + 1 < H and nx % sh == 0 and 0 <= nx // sh < oh else 0
             for ph in range(min(sw, W)):
                 Up = (W - ph + sw - 1) // sw  # pixels jj = ph + u*sw
                 U0, U1 = 0, Up  # where every tap of this phase meets a column
@@ -1113,6 +1155,23 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                     if taphit[c]:
                         U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
                 u = 0
+                if blocked:
+                    nb = Up // _P
+                    step = _prefetch_step(pn, nb * (CV // NL))
+                    for ch in range(0, CV, NL):
+                        for k in range(nb):
+                            pa, pn = _prefetch_part(gf, pa, pn, step)
+                            uk = k * _P
+                            o = db + (ph + uk * sw) * CM
+                            if U0 <= uk and uk + _P <= U1:
+                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
+                                                 uk, o, sw * CM, CM, ch, ch + NL, GS, CS, NL,
+                                                 FH, FW, ow, False, unit, stream)
+                            else:
+                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
+                                                 uk, o, sw * CM, CM, ch, ch + NL, GS, CS, NL,
+                                                 FH, FW, ow, True, unit, stream)
+                    u = nb * _P
                 while u < Up:
                     if u + _P <= Up:  # 4 pixels; near the borders, missed taps add w * 0
                         o = db + (ph + u * sw) * CM
@@ -1121,17 +1180,18 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                 pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
                                 for e in range(0, _P * CM, 16):
                                     prefetch(gf, pa + e)
-                            neg |= _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u,
-                                             o, sw * CM, CM, CV, NL, FH, FW, ow, False,
-                                             unit, stream)
+                            neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
+                                             o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                             False, unit, stream)
                         else:
-                            neg |= _bi_block(wf, gf, dst, rowoff, rowok, tapb, taphit, u,
-                                             o, sw * CM, CM, CV, NL, FH, FW, ow, True,
-                                             unit, stream)
+                            neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
+                                             o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                             True, unit, stream)
                         u1 = u + _P
                     else:
                         for ch in range(0, CV, NL):
                             v = vzeros_opaque(w)
+                            cb = (ch // NL) * CS
                             for r in range(FH):
                                 if not rowok[r]:
                                     continue
@@ -1139,12 +1199,12 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool):  # type: ignore[no
                                     oj = tapb[c] + u
                                     if taphit[c] and 0 <= oj < ow:
                                         v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
-                                                    vload(gf, rowoff[r] + oj * CM + ch))
+                                                    vload(gs, rowoff[r] + oj * GS + cb))
                             vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
                             neg = neg or vhas_negzero(v)
                         u1 = u + 1
-                    for up in range(u, u1):  # lanes past the last full vector
-                        for ch in range(CV, CM):
+                    for up in range(u, u1):  # lanes past the last full vector (never
+                        for ch in range(CV, CM):  # blocked: g's own layout)
                             s_ = zero_opaque(w)
                             for r in range(FH):
                                 if not rowok[r]:
@@ -1336,20 +1396,20 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
 
 
 _FACTORIES = {"forward": _make_forward_vec, "backprop_input": _make_backprop_input_vec,
-              # (the filter gradient is small: never streamed)
-              "backprop_filter": lambda fh, fw, stream: _make_backprop_filter_vec(fh, fw)}
+              "backprop_filter": _make_backprop_filter_vec}
 
 
-def _vec_kernel(kind: str, fh: int, fw: int, mode: int,  # type: ignore[no-untyped-def]
-                stream: bool = False):
+def _vec_kernel(kind: str, fh: int, fw: int, mode: int, *flags: bool):  # type: ignore[no-untyped-def]  # noqa: E501
     """The register-blocked kernel for this filter size, or None where there is none
-    (other sizes, and the half types, which round after every step). ``stream``: the
-    forward / BackpropInput variant that writes its output with non-temporal stores."""
+    (other sizes, and the half types, which round after every step). ``flags``: the
+    forward's ``stream`` (its output written with non-temporal stores), BackpropInput's
+    ``stream, blocked`` (see its factory); BackpropFilter, whose output is small, has
+    none."""
     if mode != NONE or (fh, fw) not in _VEC_SIZES:
         return None
-    key = (kind, fh, fw, stream)
+    key = (kind, fh, fw, *flags)
     if key not in _VEC_KERNELS:
-        _VEC_KERNELS[key] = _FACTORIES[kind](fh, fw, stream)
+        _VEC_KERNELS[key] = _FACTORIES[kind](fh, fw, *flags)
     return _VEC_KERNELS[key]
 
 
@@ -1487,7 +1547,9 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     lanes = 4 if dt == _F64 else 8
     args = (geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, lanes)
     # (M > 1 writes out after the multiplier reduction, one value at a time: no streaming)
-    vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream and geo.M == 1)
+    # (M > 1 on whole lane vectors: out_backprop rows through a ring blocked by lane vector)
+    blocked = geo.M > 1 and geo.C * geo.M % (64 // g.dtype.itemsize) == 0
+    vec = _vec_kernel("backprop_input", geo.fh, geo.fw, mode, stream and geo.M == 1, blocked)
     finite = bool(np.isfinite(w).all())
     negz = np.zeros(geo.N * geo.H, np.bool_)  # input rows with a -0 to redo
     if finite and vec is not None:
