@@ -45,8 +45,8 @@ stay in L1 from block to block; in the pixel-major layout a block's 8 pixels x 5
 every lane vector fill L1 and the 768-byte pixel stride defeats the prefetchers (5x5
 M = 2 forward on Zen 3: 34-36% of the multiply throughput -> 41-48%, ~20% faster).
 BackpropInput with M > 1 reads its out_backprop rows from such a ring too (a reorder
-of g's rows, nothing repeated) and sweeps the same way (5x5 M = 2 on Zen 3: 2-7% faster
-on a quiet machine, 10-25% with other processes sharing the caches); the sweep over the
+of g's rows, nothing repeated) and sweeps the same way (5x5 M = 2 on Zen 3: 6-14% faster
+on two threads, 1-2% on one quiet thread, ~17% beside another process); the sweep over the
 pixel-major rows without the ring had made it 1.4-4x slower, and the ring with a row
 buffer for M = 1 left stride 1 as it was and made stride 2 2.6x slower. The
 blocked ring gave BackpropFilter (already lane vector by lane vector) ~5% at 5x5 M = 2
