@@ -238,22 +238,16 @@ def stream_output(shape: tuple[int, ...], dtype: np.dtype,
 @numba.njit(inline="always")
 def vput(arr, i, v, stream):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """vstore, or vstore_nt when ``stream``: a constant of the calling kernel (a factory's
-    argument), so each compiled variant keeps only its own store."""
+    argument), so each compiled variant keeps only its own store.
+
+    Kernel factories pass such flags as plain values and call module-level helpers;
+    a kernel must never close over a Numba function: Numba keys its on-disk cache on
+    the pickled closure, and a dispatcher pickles with a fresh uuid in every process,
+    so the kernel would be compiled again by every process (tests pin this)."""
     if stream:
         vstore_nt(arr, i, v)
     else:
         vstore(arr, i, v)
-
-
-def store_fn(stream: bool):  # type: ignore[no-untyped-def]
-    """``put(arr, i, v)``: vput with ``stream`` fixed when a kernel factory builds its
-    kernel."""
-
-    @numba.njit(inline="always")
-    def put(arr, i, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        vput(arr, i, v, stream)
-
-    return put
 
 
 @intrinsic
@@ -498,7 +492,7 @@ else:  # pragma: no cover - elsewhere the default environment (see tfgrad._fpenv
 
 
 __all__ = ["FTZ_DAZ", "Vec", "flush_denormal", "ftz_enter", "ftz_exit", "mxcsr_get", "mxcsr_put",
-           "nlanes", "prefetch", "store_fn", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
+           "nlanes", "prefetch", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
            "vhas_negzero", "vload", "vload_dup2", "vmax_keep", "vmin_bits", "vmul", "vmuladd",
-           "vstore", "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque",
-           "zero_opaque"]
+           "vput", "vstore", "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
+           "vzeros_opaque", "zero_opaque"]

@@ -57,11 +57,11 @@ from ._simd import (
     ftz_enter,
     ftz_exit,
     prefetch,
-    store_fn,
     vadd,
     vfull,
     vload,
     vmul,
+    vput,
     vstore,
     vstore_nt,
     vsub,
@@ -737,8 +737,6 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
     4 * _L slack entries. With ``stream`` the output (64-byte aligned) is written with
     non-temporal stores. ``parallel=False``: the single-threaded twin (see _pick)."""
 
-    put = store_fn(stream)
-
     def rows(dy, x, R, C, a, b, c, m, out):  # type: ignore[no-untyped-def]
         nblk = (R + _ROWS - 1) // _ROWS
         for blk in prange(nblk):
@@ -749,12 +747,12 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
                     q = uint64(t)
                     i = base + q
                     if not grad:
-                        put(out, i, vadd(vmul(vsub(vload(x, i), vload(a, q)), vload(b, q)),
-                                         vload(c, q)))
+                        vput(out, i, vadd(vmul(vsub(vload(x, i), vload(a, q)), vload(b, q)),
+                                          vload(c, q)), stream)
                     else:
                         xc = vmul(vsub(vload(x, i), vload(m, q)), vload(b, q))
-                        put(out, i, vmul(vload(a, q), vsub(vsub(vload(dy, i), vload(c, q)),
-                                                           xc)))
+                        vput(out, i, vmul(vload(a, q), vsub(vsub(vload(dy, i), vload(c, q)),
+                                                            xc)), stream)
             ftz_exit(fz)
 
     # One cache entry per variant: Numba's cache is keyed by the qualified name.

@@ -24,7 +24,6 @@ from ._simd import (
     ftz_exit,
     nlanes,
     prefetch,
-    store_fn,
     stream_output,
     vadd,
     vany_ne,
@@ -32,6 +31,7 @@ from ._simd import (
     vfull,
     vload,
     vmax_keep,
+    vput,
     vstore,
     vwhere_eq,
     vwhere_lt,
@@ -158,6 +158,17 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
         ftz_exit(fz)
 
 
+@numba.njit(inline="always")
+def _acc(a, v, is_max):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    return vmax_keep(a, v) if is_max else vadd(a, v)
+
+
+@numba.njit(inline="always")
+def _fin(a, cnt, is_max):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    # TF's max is an x86 max instruction, which under DAZ returns a denormal as 0
+    return flush_denormal(a) if is_max else vdiv(a, cnt)
+
+
 def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     """_max_pool / _avg_pool for float32/float64, register-blocked: a cell's running
     maxima (or sums, rounded to T after every add as TF's) for eight channel vectors stay
@@ -168,17 +179,6 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     Channels past the last block of eight vectors go one vector, then one value, at a
     time. The max is order-independent (a NaN never wins, the earlier of -0/+0 stays)
     and every sum keeps TF's row-major order, so any blocking gives TF's bits."""
-
-    @numba.njit(inline="always")
-    def acc(a, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        return vmax_keep(a, v) if is_max else vadd(a, v)
-
-    @numba.njit(inline="always")
-    def fin(a, cnt):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        # TF's max is an x86 max instruction, which under DAZ returns a denormal as 0
-        return flush_denormal(a) if is_max else vdiv(a, cnt)
-
-    put = store_fn(stream)
 
     @numba.njit(parallel=True, cache=True)
     def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -213,36 +213,38 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
                     for _ in range(nh):
                         k = kr
                         for _ in range(nw):
-                            a0 = acc(a0, vload(xf, k))
-                            a1 = acc(a1, vload(xf, k + L))
-                            a2 = acc(a2, vload(xf, k + 2 * L))
-                            a3 = acc(a3, vload(xf, k + 3 * L))
-                            a4 = acc(a4, vload(xf, k + 4 * L))
-                            a5 = acc(a5, vload(xf, k + 5 * L))
-                            a6 = acc(a6, vload(xf, k + 6 * L))
-                            a7 = acc(a7, vload(xf, k + 7 * L))
+                            a0 = _acc(a0, vload(xf, k), is_max)
+                            a1 = _acc(a1, vload(xf, k + L), is_max)
+                            a2 = _acc(a2, vload(xf, k + 2 * L), is_max)
+                            a3 = _acc(a3, vload(xf, k + 3 * L), is_max)
+                            a4 = _acc(a4, vload(xf, k + 4 * L), is_max)
+                            a5 = _acc(a5, vload(xf, k + 5 * L), is_max)
+                            a6 = _acc(a6, vload(xf, k + 6 * L), is_max)
+                            a7 = _acc(a7, vload(xf, k + 7 * L), is_max)
                             k += D
                         kr += WD
-                    a0, a1, a2, a3 = fin(a0, cnt), fin(a1, cnt), fin(a2, cnt), fin(a3, cnt)
-                    a4, a5, a6, a7 = fin(a4, cnt), fin(a5, cnt), fin(a6, cnt), fin(a7, cnt)
-                    put(of, o + d, a0)
-                    put(of, o + d + L, a1)
-                    put(of, o + d + 2 * L, a2)
-                    put(of, o + d + 3 * L, a3)
-                    put(of, o + d + 4 * L, a4)
-                    put(of, o + d + 5 * L, a5)
-                    put(of, o + d + 6 * L, a6)
-                    put(of, o + d + 7 * L, a7)
+                    a0, a1 = _fin(a0, cnt, is_max), _fin(a1, cnt, is_max)
+                    a2, a3 = _fin(a2, cnt, is_max), _fin(a3, cnt, is_max)
+                    a4, a5 = _fin(a4, cnt, is_max), _fin(a5, cnt, is_max)
+                    a6, a7 = _fin(a6, cnt, is_max), _fin(a7, cnt, is_max)
+                    vput(of, o + d, a0, stream)
+                    vput(of, o + d + L, a1, stream)
+                    vput(of, o + d + 2 * L, a2, stream)
+                    vput(of, o + d + 3 * L, a3, stream)
+                    vput(of, o + d + 4 * L, a4, stream)
+                    vput(of, o + d + 5 * L, a5, stream)
+                    vput(of, o + d + 6 * L, a6, stream)
+                    vput(of, o + d + 7 * L, a7, stream)
                 for d in range(D8, D1, L):
                     a0 = init
                     kr = k0 + d
                     for _ in range(nh):
                         k = kr
                         for _ in range(nw):
-                            a0 = acc(a0, vload(xf, k))
+                            a0 = _acc(a0, vload(xf, k), is_max)
                             k += D
                         kr += WD
-                    put(of, o + d, fin(a0, cnt))
+                    vput(of, o + d, _fin(a0, cnt, is_max), stream)
                 for d in range(D1, D):
                     s = lowest
                     kr = k0 + d
@@ -463,6 +465,12 @@ def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot, pf):  #
     return ok
 
 
+@numba.njit(inline="always")
+def _vpick(codes, s, i, pos, gf, j, none):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """_pick for a channel vector: g's lanes where the cell's argmax code is pos."""
+    return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), none)
+
+
 def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     """_max_pool_argmax and _max_pool_grad fused, for float32/float64 with whole channel
     vectors: each task takes up to _ROWS_PER_TASK row cells of one image, finds each
@@ -470,12 +478,6 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     buffer, and then gathers, per input element of the rows it owns, the g of the cells
     whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
     non-temporal stores and a prefetch of the next row cell's input lines."""
-    put = store_fn(stream)
-
-    @numba.njit(inline="always")
-    def pick(codes, s, i, pos, gf, j, none):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
-        return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), none)
-
     @numba.njit(parallel=True, cache=True)
     def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
                out):  # type: ignore[no-untyped-def]  # pragma: no cover
@@ -508,7 +510,7 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
                         o = ((b * H + h) * W + w) * D
                         if r1 < r0 or c1 < c0:  # outside every cell
                             for d in range(0, D, L):
-                                put(of, o + d, zero)
+                                vput(of, o + d, zero, stream)
                             continue
                         # position of (h, w) in each covering cell, row-major
                         k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
@@ -520,15 +522,15 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
                         g10 = ((b * mr + r1) * mc + c0) * D
                         g11 = ((b * mr + r1) * mc + c1) * D
                         for d in range(0, D, L):
-                            v = vadd(zero, pick(codes, s0, c0 * D + d, k00, gf, g00 + d, none))
+                            v = vadd(zero, _vpick(codes, s0, c0 * D + d, k00, gf, g00 + d, none))
                             if c1 != c0:
-                                v = vadd(v, pick(codes, s0, c1 * D + d, k01, gf, g01 + d, none))
+                                v = vadd(v, _vpick(codes, s0, c1 * D + d, k01, gf, g01 + d, none))
                             if r1 != r0:
-                                v = vadd(v, pick(codes, s1, c0 * D + d, k10, gf, g10 + d, none))
+                                v = vadd(v, _vpick(codes, s1, c0 * D + d, k10, gf, g10 + d, none))
                                 if c1 != c0:
-                                    v = vadd(v, pick(codes, s1, c1 * D + d, k11, gf, g11 + d,
+                                    v = vadd(v, _vpick(codes, s1, c1 * D + d, k11, gf, g11 + d,
                                                      none))
-                            put(of, o + d, v)
+                            vput(of, o + d, v, stream)
             ftz_exit(fz)
         return not bad.any()
 

@@ -1,0 +1,64 @@
+"""Numba's on-disk cache serves every later process: a kernel is compiled once per machine.
+
+This broke silently once. Numba keys a cached function on its pickled closure, and a
+Numba function pickles with a fresh uuid in every process: the fractional-pooling and
+batch-norm elementwise kernels closed over small ``@njit`` helpers, so every new process
+compiled them again (~35 s), ``cache=True`` notwithstanding.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from numba.core.caching import NullCache
+from numba.core.registry import CPUDispatcher
+
+from tfgrad.kernels import batch_norm, depthwise_conv, fake_quant, fractional_pool  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_RUN_TABLE = """
+from tests.cases import CASES
+import tfgrad
+for c in CASES:
+    getattr(tfgrad.raw_ops, c.op)(**c.kwargs())
+"""
+
+
+def _run_table() -> list[str]:
+    """Every case of the op-case table in a new process; the cache entries it wrote."""
+    env = dict(os.environ, NUMBA_DEBUG_CACHE="1",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    p = subprocess.run([sys.executable, "-c", _RUN_TABLE], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return [line for line in p.stdout.splitlines() if "data saved" in line]
+
+
+def test_a_second_process_compiles_nothing():
+    _run_table()  # compiles whatever this machine has not cached yet
+    assert _run_table() == []
+
+
+def test_cached_kernels_close_over_plain_values_only():
+    """The cause above, for every cached kernel (the depthwise variants are built on
+    first use: all of them are built here, which compiles nothing)."""
+    for kind, flags in (("forward", [(False,), (True,)]),
+                        ("backprop_input", list(itertools.product((False, True), repeat=2))),
+                        ("backprop_filter", [()])):
+        for (fh, fw), fl in itertools.product(depthwise_conv._VEC_SIZES, flags):
+            depthwise_conv._vec_kernel(kind, fh, fw, depthwise_conv.NONE, *fl)
+    plain = (bool, int, float, str, type(None))
+    kernels = [d for d in gc.get_objects() if isinstance(d, CPUDispatcher)
+               and d.__module__.startswith("tfgrad") and not isinstance(d._cache, NullCache)]
+    assert {d.__module__ for d in kernels} == {
+        f"tfgrad.kernels.{f}" for f in ("fake_quant", "batch_norm", "depthwise_conv",
+                                        "fractional_pool", "_simd")}
+    for d in kernels:
+        cells = [c.cell_contents for c in d.py_func.__closure__ or ()]
+        assert all(isinstance(v, plain) for v in cells), (d.py_func.__qualname__, cells)
