@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from numba.core.caching import NullCache
 from numba.core.registry import CPUDispatcher
 
@@ -45,6 +46,8 @@ def test_a_second_process_compiles_nothing():
     assert _run_table() == []
 
 
+# (the scan of every live object trips torch's deprecated-attribute warning when torch is loaded)
+@pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_cached_kernels_close_over_plain_values_only():
     """The cause above, for every cached kernel (the depthwise variants are built on
     first use: all of them are built here, which compiles nothing)."""
