@@ -755,7 +755,8 @@ def _make_rows_vec(grad: bool, stream: bool, parallel: bool):  # type: ignore[no
                                                             xc)), stream)
             ftz_exit(fz)
 
-    # One cache entry per variant: Numba's cache is keyed by the qualified name.
+    # A name per variant: Numba's cache key holds the closure's values (grad, stream) but
+    # not the parallel flag, and a serial and a parallel twin must not share an entry.
     rows.__name__ = rows.__qualname__ = (
         f"_rows_vec_{'grad' if grad else 'fwd'}{'_nt' if stream else ''}"
         f"{'' if parallel else '_serial'}")
