@@ -36,3 +36,51 @@ def test_rounds_are_merged_into_medians_and_ranges():
     assert row["speedup_vs_tf_range"] == [1.5, 3.0]  # each round's own ratio
     assert row["x_floor_range"] == [1.0, 4.0] and "speedup_vs_torch" not in row
     assert "range" in harness.format_table([row])
+
+
+def test_bounds_smoke(tmp_path):
+    out = tmp_path / "bounds.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/bounds.py"), "--smoke", "--family",
+         "depthwise_conv", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    assert data["environment"]["mac_rate_G_per_s"] > 0
+    for row in data["results"]:
+        assert row["stream_ms"] > 0 and row["arith_ms"] > 0
+        assert row["bound_ms"] == max(row["stream_ms"], row["arith_ms"])
+
+
+def test_bounds_count_the_ops_bytes_and_multiply_adds():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_batch_norm
+        import bench_depthwise_conv
+        import bounds
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    grad = next(b for b in bench_batch_norm.BENCHES if b.name == "FusedBatchNormGradV3")
+    kw = grad.make(rng, True)
+    # reads y_backprop and x, writes x_backprop: two inputs and one x-sized output
+    assert [a.nbytes for a in bounds._big_inputs(kw)] == [kw["x"].nbytes] * 2
+    assert grad.nbytes(kw) - 2 * kw["x"].nbytes == kw["x"].nbytes
+    for b in bench_depthwise_conv.BENCHES:
+        kw = b.make(rng, True)
+        fh, fw, C, M = (kw["filter"].shape if "filter" in kw
+                        else tuple(int(v) for v in kw["filter_sizes"]))
+        if "out_backprop" in kw:
+            n_out = kw["out_backprop"].size
+        else:  # the forward: count output elements from TF's window arithmetic by hand
+            N, H, W, _ = kw["input"].shape
+            s = kw["strides"][1]
+            if kw["padding"] == "SAME":
+                oh, ow = -(-H // s), -(-W // s)
+            else:
+                oh, ow = (H - fh) // s + 1, (W - fw) // s + 1
+            n_out = N * oh * ow * C * M
+        assert bounds._macs(b, kw) == n_out * fh * fw
