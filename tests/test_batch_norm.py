@@ -431,6 +431,15 @@ def test_nhwc_vector_kernels_equal_reference(rows, vectors, training, seed):
     _kernel_vs_reference((1, rows, 1, 16 * vectors), seed, training)
 
 
+@pytest.mark.parametrize("vectors", [1, 3, 5, 7])
+def test_nhwc_stats_every_block_width(vectors):
+    # The training forward's statistics run a variant compiled for each block width of
+    # one to four channel vectors (kernels.batch_norm._stats_block); on two threads
+    # these C make blocks of 1, 2 + 1, 3 + 2 and 4 + 3 vectors, threaded (>= 65536
+    # elements).
+    _kernel_vs_reference((1, 4099, 1, 16 * vectors), vectors, True)
+
+
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("fmt, shape", [("NHWC", (2, 64, 66, 128)),
                                         ("NCHW", (2, 64, 90, 91))])
