@@ -459,6 +459,49 @@ def test_nchw_grad_sums_with_tf_thread_split_mid_image(training, monkeypatch):
     _kernel_vs_reference((3, 16, 90, 91), 5, training, "NCHW")
 
 
+def test_eight_lane_loads():
+    # _simd's channel-major loads: vector r of vload8_t has lane k = a[i + k*stride + r]
+    # (eight rows transposed in registers), vgather8 lane k = a[i + k*stride].
+    import numba
+
+    from tfgrad.kernels._simd import vgather8, vlane, vload8, vload8_t
+
+    @numba.njit
+    def lanes(a, i, stride, out):  # pragma: no cover - compiled
+        v0, v1, v2, v3, v4, v5, v6, v7 = vload8_t(a, i, stride)
+        g, c = vgather8(a, i, stride), vload8(a, i)
+        for k in range(8):
+            out[0, k], out[1, k], out[2, k], out[3, k] = (vlane(v0, k), vlane(v1, k),
+                                                          vlane(v2, k), vlane(v3, k))
+            out[4, k], out[5, k], out[6, k], out[7, k] = (vlane(v4, k), vlane(v5, k),
+                                                          vlane(v6, k), vlane(v7, k))
+            out[8, k], out[9, k] = vlane(g, k), vlane(c, k)
+
+    a = np.random.default_rng(0).standard_normal(400).astype(F32)
+    for i, stride in ((0, 8), (3, 37), (5, 49)):
+        out = np.zeros((10, 8), F32)
+        lanes(a, i, stride, out)
+        rows = np.array([[a[i + k * stride + r] for k in range(8)] for r in range(8)])
+        np.testing.assert_array_equal(out[:8], rows)
+        np.testing.assert_array_equal(out[8], rows[0])
+        np.testing.assert_array_equal(out[9], a[i:i + 8])
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("threads", [1, 4, 8])
+@pytest.mark.parametrize("shape", [(2, 8, 40, 41), (2, 21, 7, 9), (3, 13, 90, 91),
+                                   (6, 24, 50, 51)])
+def test_nchw_grad_sums_eight_channels_per_vector(shape, threads, training, monkeypatch):
+    # The NCHW gradient sums eight channels at once, a vector lane each, over eight
+    # positions transposed in registers; positions that do not make a whole eight inside
+    # one image and one of TF's row blocks go one at a time, and groups of fewer than
+    # eight channels take the scalar chains. On 4 or 8 TF threads the last two shapes
+    # have row blocks of 6143 / 3072 and 3825 / 1913 rows: boundaries inside images, off
+    # the grid of eight.
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    _kernel_vs_reference(shape, threads, training, "NCHW")
+
+
 # --------------------------------------------------------------------------------------
 # Finite differences: the gradient against the forward, in float64
 # --------------------------------------------------------------------------------------

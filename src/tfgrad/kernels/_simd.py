@@ -207,6 +207,132 @@ def vstore_nt(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     return types.none(arr, i, v), codegen
 
 
+# Eight float32 lanes (one AVX2 register) across eight channels of a channel-major
+# (NCHW) array: lane k of a vector belongs to channel k, whose values lie ``stride``
+# apart. The loads below read eight rows of eight values and transpose them in registers.
+VEC8 = Vec(types.float32, 8)
+
+
+def _f32_array(arr) -> bool:  # type: ignore[no-untyped-def]
+    return isinstance(arr, types.Array) and arr.dtype == types.float32
+
+
+def _load8(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
+    return builder.load(_pointer(context, builder, aty, arr, idx, VEC8), align=4)
+
+
+def _shuffle(builder, a, b, mask):  # type: ignore[no-untyped-def]
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+
+@intrinsic
+def vzeros8(typingctx, arr):  # type: ignore[no-untyped-def]
+    """Eight float32 +0 (arr: any float32 array, for typing only)."""
+    if not _f32_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return ir.Constant(_llvm_type(VEC8), [0.0] * 8)
+
+    return VEC8(arr), codegen
+
+
+@intrinsic
+def vfull8(typingctx, arr, value):  # type: ignore[no-untyped-def]
+    """Eight float32 copies of value (arr: any float32 array, for typing only)."""
+    if not _f32_array(arr) or not isinstance(value, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _splat(builder, VEC8, context.cast(builder, args[1], sig.args[1],
+                                                  types.float32))
+
+    return VEC8(arr, value), codegen
+
+
+@intrinsic
+def vload8(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + 8] of a float32 array."""
+    if not _f32_array(arr) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _load8(context, builder, sig.args[0], args[0], args[1])
+
+    return VEC8(arr, i), codegen
+
+
+@intrinsic
+def vgather8(typingctx, arr, i, stride):  # type: ignore[no-untyped-def]
+    """Lane k = arr.flat[i + k * stride], k < 8 (eight scalar loads)."""
+    if not (_f32_array(arr) and isinstance(i, types.Integer)
+            and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        idx = context.cast(builder, args[1], sig.args[1], types.int64)
+        st = context.cast(builder, args[2], sig.args[2], types.int64)
+        v = ir.Constant(_llvm_type(VEC8), ir.Undefined)
+        for k in range(8):
+            p = builder.gep(data, [builder.add(idx, builder.mul(st, ir.IntType(64)(k)))])
+            v = builder.insert_element(v, builder.load(p, align=4), ir.IntType(32)(k))
+        return v
+
+    return VEC8(arr, i, stride), codegen
+
+
+@intrinsic
+def vload8_t(typingctx, arr, i, stride):  # type: ignore[no-untyped-def]
+    """Eight vectors: vector r has lane k = arr.flat[i + k * stride + r] (r, k < 8).
+
+    Eight contiguous loads of eight values, transposed with the usual unpack / shuffle /
+    128-bit permute sequence (24 shuffles)."""
+    if not (_f32_array(arr) and isinstance(i, types.Integer)
+            and isinstance(stride, types.Integer)):
+        return None
+    tup = types.UniTuple(VEC8, 8)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        idx = context.cast(builder, args[1], sig.args[1], types.int64)
+        st = context.cast(builder, args[2], sig.args[2], types.int64)
+        rows = [_load8(context, builder, sig.args[0], args[0],
+                       builder.add(idx, builder.mul(st, ir.IntType(64)(k)))) for k in range(8)]
+        t = []
+        for k in range(0, 8, 2):  # unpcklps / unpckhps within 128-bit halves
+            t.append(_shuffle(builder, rows[k], rows[k + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
+            t.append(_shuffle(builder, rows[k], rows[k + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
+        u = []
+        for k in (0, 4):  # shufps: pairs of pairs
+            for h in (0, 1):
+                a, b = t[k + h], t[k + 2 + h]
+                u.append(_shuffle(builder, a, b, [0, 1, 8, 9, 4, 5, 12, 13]))
+                u.append(_shuffle(builder, a, b, [2, 3, 10, 11, 6, 7, 14, 15]))
+        # u[0..3]: rows 0-3 of channels 0-3 / 4-7 split by 128-bit half; u[4..7]: the
+        # same for channels 4-7. Column r of the result: low or high halves joined.
+        out = []
+        for r in range(8):
+            h = r // 4
+            a, b = u[r % 4], u[4 + r % 4]
+            mask = [0, 1, 2, 3, 8, 9, 10, 11] if h == 0 else [4, 5, 6, 7, 12, 13, 14, 15]
+            out.append(_shuffle(builder, a, b, mask))
+        return context.make_tuple(builder, tup, out)
+
+    return tup(arr, i, stride), codegen
+
+
+@intrinsic
+def vlane(typingctx, v, k):  # type: ignore[no-untyped-def]
+    """Lane k of a vector."""
+    if not isinstance(v, Vec) or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.extract_element(args[0], args[1])
+
+    return v.dtype(v, k), codegen
+
+
 STREAM_MIN_BYTES = 4 << 20
 """Outputs this big are written with non-temporal stores: they would mostly leave the
 caches before use anyway, and skipping the read-for-ownership saves a third of a

@@ -27,9 +27,14 @@ are parallel over anything. Passes over the data:
   With C a multiple of 16 (the usual case) these are register-blocked vector kernels
   with software prefetch and non-temporal output stores (section "NHWC with C a
   multiple of 16"); other C take the scalar-loop kernels.
-- NCHW: two channels (forward) or four (gradient, 12 independent add chains) at a time,
-  their sums then the write pass while their values are in cache; the write pass in
-  whole vectors (``_span``), non-temporal for large outputs.
+- NCHW: two channels (forward) or eight (gradient) at a time, their sums then the write
+  pass while their values are in cache; the write pass in whole vectors (``_span``),
+  non-temporal for large outputs. The gradient sums put one channel in each lane of an
+  eight-lane vector: eight positions of eight channels are loaded and transposed in
+  registers (``_simd.vload8_t``), so each lane adds its channel's rows in TF's order.
+  1.6-1.9x faster than four channels of scalar chains (16x128x56x56: 6.1-8.4 -> 3.9-4.4
+  ms for the whole op); an earlier try with 16 channels transposed through an L1 tile
+  was slower (32 concurrent memory streams).
 
 Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``). The op sets
 them on the calling thread; every parallel loop body sets them on its own (Numba's)
@@ -59,13 +64,19 @@ from ._simd import (
     prefetch,
     vadd,
     vfull,
+    vfull8,
+    vgather8,
+    vlane,
     vload,
+    vload8,
+    vload8_t,
     vmul,
     vput,
     vstore,
     vstore_nt,
     vsub,
     vzeros,
+    vzeros8,
 )
 
 _F32 = np.float32
@@ -470,6 +481,15 @@ def _dx_rows(dy: np.ndarray, x: np.ndarray, R: int, C: int, f1: np.ndarray, f2: 
         ftz_exit(fz)
 
 
+@numba.njit(inline="always", error_model="numpy")
+def _image_span(j, stop, C, S, c):  # type: ignore[no-untyped-def]
+    """The rows [j, stop) have in their first image n = j // S: channel c's flat offset
+    there and the positions [s, e) they cover (rows j = n*S + s of flat [N, C, S])."""
+    n = j // S
+    s = j - n * S
+    return (n * C + c) * S, s, min(S, s + (stop - j))
+
+
 @numba.njit(cache=True, error_model="numpy")
 def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                 zb: bool, za: bool, c: int, m: np.float32, k: np.float32, training: bool,
@@ -486,12 +506,9 @@ def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
         j = seg
         stop = min(R, seg + rb)
         while j < stop:
-            n = j // S
-            s = j - n * S
-            e = min(S, s + (stop - j))
-            b = uint64((n * C + c) * S)
+            b, s, e = _image_span(j, stop, C, S, c)
             for q in range(s, e):
-                i = b + uint64(q)
+                i = uint64(b) + uint64(q)
                 g = dy[i]
                 xc = x[i] - m
                 if training:
@@ -526,12 +543,9 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
         j = seg
         stop = min(R, seg + rb)
         while j < stop:
-            n = j // S
-            s = j - n * S
-            e = min(S, s + (stop - j))
-            base = uint64((n * C + c) * S)
+            base, s, e = _image_span(j, stop, C, S, c)
             for q in range(s, e):
-                i0 = base + uint64(q)
+                i0 = uint64(base) + uint64(q)
                 i1 = i0 + st
                 i2 = i1 + st
                 i3 = i2 + st
@@ -567,22 +581,86 @@ def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                 out[q] += _F32(0)
 
 
+@numba.njit(inline="always", error_model="numpy")
+def _sums8_row(g, v, m, k, training, a, b, d):  # type: ignore[no-untyped-def]
+    """One row of eight channels (a lane each): _nchw_sums1's updates."""
+    xc = vsub(v, m)
+    if training:
+        a = vadd(a, vmul(g, vmul(xc, k)))
+    return a, vadd(b, g), vadd(d, vmul(g, xc))
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _nchw_sums8(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
+                zb: bool, za: bool, c: int, mean: np.ndarray, c0s: np.ndarray,
+                training: bool, out: np.ndarray) -> None:
+    """_nchw_sums1 for channels c..c+7, one vector lane per channel: every lane makes the
+    same additions in the same order as the scalar chains. Eight rows of eight channels
+    are loaded and transposed in registers (_simd.vload8_t); rows that do not make a
+    whole eight within one image and one row block are gathered one at a time."""
+    R = N * S
+    m = vload8(mean, c)
+    k = vload8(c0s, c)
+    z = vzeros8(x)
+    ta = tb = td = vfull8(x, -0.0)
+    for seg in range(0, R, rb):
+        a = b = d = z
+        j = seg
+        stop = min(R, seg + rb)
+        while j < stop:
+            base, s, e = _image_span(j, stop, C, S, c)
+            q = s
+            while q + 8 <= e:
+                g0, g1, g2, g3, g4, g5, g6, g7 = vload8_t(dy, base + q, S)
+                x0, x1, x2, x3, x4, x5, x6, x7 = vload8_t(x, base + q, S)
+                a, b, d = _sums8_row(g0, x0, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g1, x1, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g2, x2, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g3, x3, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g4, x4, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g5, x5, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g6, x6, m, k, training, a, b, d)
+                a, b, d = _sums8_row(g7, x7, m, k, training, a, b, d)
+                q += 8
+            while q < e:
+                a, b, d = _sums8_row(vgather8(dy, base + q, S), vgather8(x, base + q, S), m,
+                                     k, training, a, b, d)
+                q += 1
+            j += e - s
+        ta = vadd(ta, a)
+        tb = vadd(tb, b)
+        td = vadd(td, d)
+        if _zero_follows(seg, rb, R, zb, za):
+            ta = vadd(ta, z)
+            tb = vadd(tb, z)
+            td = vadd(td, z)
+    for t in range(8):
+        out[3 * t] = vlane(ta, t)
+        out[3 * t + 1] = vlane(tb, t)
+        out[3 * t + 2] = vlane(td, t)
+
+
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                zb: bool, za: bool, scale: np.ndarray, mean: np.ndarray, c0s: np.ndarray,
                c0d: np.ndarray, training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
                stream: bool) -> None:
-    """NCHW gradient in groups of 4 channels: the sums (rows j = n*S + s in sequence, per
+    """NCHW gradient in groups of 8 channels: the sums (rows j = n*S + s in sequence, per
     channel), then dx while the group's values are in cache."""
     R = N * S
     inv = _F32(1) / _F32(R)
-    for grp in prange((C + 3) // 4):
+    for grp in prange((C + 7) // 8):
         fz = ftz_enter()
-        c0 = 4 * grp
-        nc = min(4, C - c0)
-        sums = np.empty(12, np.float32)  # (sb, ob, sx) per channel
-        if training and nc == 4:
+        c0 = 8 * grp
+        nc = min(8, C - c0)
+        sums = np.empty(24, np.float32)  # (sb, ob, sx) per channel
+        if nc == 8:
+            _nchw_sums8(dy, x, N, C, S, rb, zb, za, c0, mean, c0s, training, sums)
+        elif training and nc >= 4:
             _nchw_sums4(dy, x, N, C, S, rb, zb, za, c0, mean, c0s, sums)
+            for t in range(4, nc):
+                _nchw_sums1(dy, x, N, C, S, rb, zb, za, c0 + t, mean[c0 + t], c0s[c0 + t],
+                            training, sums[3 * t:])
         else:
             for t in range(nc):
                 _nchw_sums1(dy, x, N, C, S, rb, zb, za, c0 + t, mean[c0 + t], c0s[c0 + t],
@@ -1040,7 +1118,7 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     ob = np.empty(C, np.float32)
     args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
     if not channel_last:
-        _pick(_grad_nchw, xf.size, -(-C // 4))(dyf, xf, N, C, S, row_block, zb, za, *args,
+        _pick(_grad_nchw, xf.size, -(-C // 8))(dyf, xf, N, C, S, row_block, zb, za, *args,
                                                _streams(dxf))
     else:
         if vec:
