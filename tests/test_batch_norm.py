@@ -280,6 +280,25 @@ def test_forward_mean_flushed_to_minus_zero(impl):
     assert r.batch_mean[0] == 0 and np.signbit(r.batch_mean[0])
 
 
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("rows, at", [(3, [0, 1, 2]), (20, [0, 4, 8]), (21, [1, 5, 20]),
+                                      (23, [20, 21, 22])])
+def test_forward_flushed_sums_kernel_equals_reference(fmt, rows, at):
+    # A channel whose sum flushes to -0 in one of Eigen's four accumulators (rows j % 4)
+    # or in the rows after them: the sign that survives the combine is the reference's.
+    x = np.zeros((1, 1, rows, 8), F32)
+    x[0, 0, at, 0] = _MINUS_ZERO_COLUMN
+    if fmt == "NCHW":
+        x = np.ascontiguousarray(np.moveaxis(x, -1, 1))
+    kw = dict(x=x, scale=np.ones(8, F32), offset=np.zeros(8, F32), mean=E, variance=E,
+              is_training=True, data_format=fmt)
+    kern = raw.FusedBatchNormV3(**kw)
+    with tfgrad.use_impl("reference"):
+        ref = raw.FusedBatchNormV3(**kw)
+    oracle.assert_outputs("FusedBatchNormV3", kern, ref, what=f"{fmt} {rows} rows")
+    assert kern.batch_mean[0] == 0
+
+
 @pytest.mark.live
 def test_live_tf_flushed_zeros_and_thread_split():
     # The pinned cases above, against TF on this machine (its own thread count).
@@ -490,14 +509,15 @@ def test_eight_lane_loads():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("threads", [1, 4, 8])
 @pytest.mark.parametrize("shape", [(2, 8, 40, 41), (2, 21, 7, 9), (3, 13, 90, 91),
-                                   (6, 24, 50, 51)])
-def test_nchw_grad_sums_eight_channels_per_vector(shape, threads, training, monkeypatch):
-    # The NCHW gradient sums eight channels at once, a vector lane each, over eight
-    # positions transposed in registers; positions that do not make a whole eight inside
-    # one image and one of TF's row blocks go one at a time, and groups of fewer than
-    # eight channels take the scalar chains. On 4 or 8 TF threads the last two shapes
-    # have row blocks of 6143 / 3072 and 3825 / 1913 rows: boundaries inside images, off
-    # the grid of eight.
+                                   (6, 24, 50, 51), (1, 16, 3, 5)])
+def test_nchw_sums_eight_channels_per_vector(shape, threads, training, monkeypatch):
+    # The NCHW forward's statistics and the gradient's sums take eight channels at once,
+    # a vector lane each, over eight positions transposed in registers; positions that
+    # do not make a whole eight inside one image (and one of TF's row blocks, or from a
+    # row j = 0 mod 4 for Eigen's four accumulators) go one at a time, and channels past
+    # 8*(C//8) take the scalar chains. On 4 or 8 TF threads the third and fourth shapes
+    # have gradient row blocks of 6143 / 3072 and 3825 / 1913 rows: boundaries inside
+    # images, off the grid of eight. The last has 15 rows: no four accumulators.
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
     _kernel_vs_reference(shape, threads, training, "NCHW")
 
