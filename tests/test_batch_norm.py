@@ -480,15 +480,16 @@ def test_nchw_grad_sums_with_tf_thread_split_mid_image(training, monkeypatch):
 
 def test_eight_lane_loads():
     # _simd's channel-major loads: vector r of vload8_t has lane k = a[i + k*stride + r]
-    # (eight rows transposed in registers), vgather8 lane k = a[i + k*stride].
+    # (eight rows transposed in registers), vgather8 lane k = a[i + k*stride] (with
+    # stride 1: eight contiguous values).
     import numba
 
-    from tfgrad.kernels._simd import vgather8, vlane, vload8, vload8_t
+    from tfgrad.kernels._simd import vgather8, vlane, vload8_t
 
     @numba.njit
     def lanes(a, i, stride, out):  # pragma: no cover - compiled
         v0, v1, v2, v3, v4, v5, v6, v7 = vload8_t(a, i, stride)
-        g, c = vgather8(a, i, stride), vload8(a, i)
+        g, c = vgather8(a, i, stride), vgather8(a, i, 1)
         for k in range(8):
             out[0, k], out[1, k], out[2, k], out[3, k] = (vlane(v0, k), vlane(v1, k),
                                                           vlane(v2, k), vlane(v3, k))
@@ -509,15 +510,17 @@ def test_eight_lane_loads():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("threads", [1, 4, 8])
 @pytest.mark.parametrize("shape", [(2, 8, 40, 41), (2, 21, 7, 9), (3, 13, 90, 91),
-                                   (6, 24, 50, 51), (1, 16, 3, 5)])
+                                   (6, 24, 50, 51), (1, 16, 3, 5), (2, 5, 9, 11)])
 def test_nchw_sums_eight_channels_per_vector(shape, threads, training, monkeypatch):
     # The NCHW forward's statistics and the gradient's sums take eight channels at once,
     # a vector lane each, over eight positions transposed in registers; positions that
     # do not make a whole eight inside one image (and one of TF's row blocks, or from a
-    # row j = 0 mod 4 for Eigen's four accumulators) go one at a time, and channels past
-    # 8*(C//8) take the scalar chains. On 4 or 8 TF threads the third and fourth shapes
+    # row j = 0 mod 4 for Eigen's four accumulators) go one at a time, and a last group
+    # of fewer than eight channels (C = 21, 13) reuses the lanes of the last eight, whose
+    # forward order differs below 8*(C//8). On 4 or 8 TF threads the third and fourth shapes
     # have gradient row blocks of 6143 / 3072 and 3825 / 1913 rows: boundaries inside
-    # images, off the grid of eight. The last has 15 rows: no four accumulators.
+    # images, off the grid of eight. (1, 16, 3, 5) has 15 rows: no four accumulators;
+    # C = 5 is too few channels for a vector.
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
     _kernel_vs_reference(shape, threads, training, "NCHW")
 

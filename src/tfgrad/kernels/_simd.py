@@ -226,18 +226,6 @@ def _shuffle(builder, a, b, mask):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def vzeros8(typingctx, arr):  # type: ignore[no-untyped-def]
-    """Eight float32 +0 (arr: any float32 array, for typing only)."""
-    if not _f32_array(arr):
-        return None
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return ir.Constant(_llvm_type(VEC8), [0.0] * 8)
-
-    return VEC8(arr), codegen
-
-
-@intrinsic
 def vfull8(typingctx, arr, value):  # type: ignore[no-untyped-def]
     """Eight float32 copies of value (arr: any float32 array, for typing only)."""
     if not _f32_array(arr) or not isinstance(value, (types.Float, types.Integer)):
@@ -248,18 +236,6 @@ def vfull8(typingctx, arr, value):  # type: ignore[no-untyped-def]
                                                   types.float32))
 
     return VEC8(arr, value), codegen
-
-
-@intrinsic
-def vload8(typingctx, arr, i):  # type: ignore[no-untyped-def]
-    """arr.flat[i:i + 8] of a float32 array."""
-    if not _f32_array(arr) or not isinstance(i, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return _load8(context, builder, sig.args[0], args[0], args[1])
-
-    return VEC8(arr, i), codegen
 
 
 @intrinsic

@@ -35,8 +35,8 @@ are parallel over anything. Passes over the data:
   16x128x56x56 this made the whole op 1.6-1.9x faster than scalar chains over two
   (forward) or four (gradient) channels: training forward 3.0-3.4 -> 2.2 ms, gradient
   6.1-8.4 -> 3.9-4.4 ms. An earlier try with 16 channels transposed through an L1 tile
-  was slower (32 concurrent memory streams). Channels past 8*(C//8) keep the scalar
-  chains.
+  was slower (32 concurrent memory streams). A last group of fewer than eight channels
+  sums the lanes of the last eight and writes only its own; C < 8 keeps scalar chains.
 
 Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``). The op sets
 them on the calling thread; every parallel loop body sets them on its own (Numba's)
@@ -70,7 +70,6 @@ from ._simd import (
     vgather8,
     vlane,
     vload,
-    vload8,
     vload8_t,
     vmul,
     vput,
@@ -78,7 +77,6 @@ from ._simd import (
     vstore_nt,
     vsub,
     vzeros,
-    vzeros8,
 )
 
 _F32 = np.float32
@@ -395,7 +393,7 @@ def _eigen_sum8(x: np.ndarray, N: int, C: int, S: int, c: int, four: bool, m, sq
     positions before and after such runs one at a time. Of (x - m)**2 when ``sq``."""
     R = N * S
     u = (R // 4) * 4 if four else 0
-    z = vzeros8(x)
+    z = vfull8(x, 0.0)
     a0 = a1 = a2 = a3 = z
     j = 0
     while j < u:  # rows [0, u): accumulator j % 4
@@ -431,64 +429,53 @@ def _eigen_sum8(x: np.ndarray, N: int, C: int, S: int, c: int, four: bool, m, sq
     return t
 
 
-@numba.njit(inline="always", error_model="numpy")
-def _write_y(x, N, C, S, c, m, var, scale, offset, eps, approx, y, stream):  # type: ignore[no-untyped-def]  # noqa: E501
-    """Channel c of y = (x - m) * (rsqrt(var + eps) * scale) + offset."""
-    sf = _rsqrt_channel(var[c] + eps, approx) * scale[c]
-    off = offset[c]
-    for n in range(N):
-        b = (n * C + c) * S
-        _span(0, x, x, y, b, b + S, m, sf, off, m, stream)
-
-
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _fwd_nchw(x: np.ndarray, N: int, C: int, S: int, scale: np.ndarray, offset: np.ndarray,
               mean: np.ndarray, var: np.ndarray, eps: np.float32, training: bool,
               y: np.ndarray, stream: bool) -> None:
-    """NCHW forward by groups of channels whose N*S values stay in cache: their sums,
-    then their y. The channels in full blocks of 8 (Eigen's four-accumulator order) go
-    eight at a time, a vector lane each (_eigen_sum8); the rest two at a time (scalar
-    chains, interleaved), pairs that never straddle 8*(C//8)."""
+    """NCHW forward in groups of 8 channels, whose N*S values stay in cache: their sums,
+    then their y. The sums take a vector lane per channel (_eigen_sum8). A last group of
+    fewer than eight channels sums the lanes of the last eight and writes only its own:
+    channels past 8*(C//8) sum their rows in sequence (Eigen), and so do those lanes.
+    C < 8 takes the scalar chains, two channels at a time."""
     R = N * S
     k8 = (C // 8) * 8
-    G = k8 // 8
     inv = _F32(1) / _F32(R)
-    for task in prange(G + (C - k8 + 1) // 2):
+    for grp in prange((C + 7) // 8):
         fz = ftz_enter()
-        if task < G:
-            c0 = 8 * task
-            m = np.empty(8, np.float32)
-            if training:
-                f = vfull8(x, inv)
-                mv = vmul(_eigen_sum8(x, N, C, S, c0, R >= 16, f, False), f)
-                vv = vmul(_eigen_sum8(x, N, C, S, c0, R >= 16, mv, True), f)
-                for t in range(8):
-                    m[t] = vlane(mv, t)
-                    mean[c0 + t] = m[t]
-                    var[c0 + t] = vlane(vv, t)
-            else:
-                for t in range(8):
-                    m[t] = mean[c0 + t]
-            for t in range(8):
-                _write_y(x, N, C, S, c0 + t, m[t], var, scale, offset, eps, True, y, stream)
-        else:
-            c0 = k8 + 2 * (task - G)
-            nc = min(2, C - c0)
-            m = np.empty(2, np.float32)
-            v = np.empty(2, np.float32)
-            if training:
-                _eigen_sum_nchw(x, N, C, S, c0, nc, False, m, False, m)
-                for t in range(nc):
-                    m[t] = m[t] * inv
-                _eigen_sum_nchw(x, N, C, S, c0, nc, False, m, True, v)
-                for t in range(nc):
-                    mean[c0 + t] = m[t]
-                    var[c0 + t] = v[t] * inv
-            else:
-                for t in range(nc):
-                    m[t] = mean[c0 + t]
+        c0 = 8 * grp
+        nc = min(8, C - c0)
+        lo = max(0, min(c0, C - 8))  # the channel of the sums' first lane
+        m = np.empty(8, np.float32)  # mean / variance per channel from lo
+        v = np.empty(8, np.float32)
+        if not training:
             for t in range(nc):
-                _write_y(x, N, C, S, c0 + t, m[t], var, scale, offset, eps, False, y, stream)
+                m[c0 - lo + t] = mean[c0 + t]
+        elif C >= 8:
+            four = c0 < k8 and R >= 16
+            f = vfull8(x, inv)
+            mv = vmul(_eigen_sum8(x, N, C, S, lo, four, f, False), f)
+            vv = vmul(_eigen_sum8(x, N, C, S, lo, four, mv, True), f)
+            for t in range(8):
+                m[t], v[t] = vlane(mv, t), vlane(vv, t)
+        else:
+            for t in range(0, nc, 2):
+                k = min(2, nc - t)
+                _eigen_sum_nchw(x, N, C, S, t, k, False, m[t:], False, m[t:])
+                for q in range(t, t + k):
+                    m[q] = m[q] * inv
+                _eigen_sum_nchw(x, N, C, S, t, k, False, m[t:], True, v[t:])
+                for q in range(t, t + k):
+                    v[q] = v[q] * inv
+        for t in range(nc):
+            c = c0 + t
+            if training:
+                mean[c], var[c] = m[c - lo], v[c - lo]
+            sf = _rsqrt_channel(var[c] + eps, c < k8) * scale[c]
+            mc = m[c - lo]
+            for n in range(N):
+                b = (n * C + c) * S
+                _span(0, x, x, y, b, b + S, mc, sf, offset[c], mc, stream)
         ftz_exit(fz)
 
 
@@ -619,61 +606,6 @@ def _nchw_sums1(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
     out[0], out[1], out[2] = t_sb, t_ob, t_sx
 
 
-@numba.njit(cache=True, error_model="numpy")
-def _nchw_sums4(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
-                zb: bool, za: bool, c: int, mean: np.ndarray, c0s: np.ndarray,
-                out: np.ndarray) -> None:
-    """Training grad sums of channels c..c+3 at once: 12 independent sequential chains
-    instead of 3 (a sequential float sum is bound by the add latency)."""
-    R = N * S
-    m0, m1, m2, m3 = mean[c], mean[c + 1], mean[c + 2], mean[c + 3]
-    k0, k1, k2, k3 = c0s[c], c0s[c + 1], c0s[c + 2], c0s[c + 3]
-    st = uint64(S)
-    for q in range(12):
-        out[q] = -0.0
-    for seg in range(0, R, rb):
-        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = d0 = d1 = d2 = d3 = _F32(0)
-        j = seg
-        stop = min(R, seg + rb)
-        while j < stop:
-            base, s, e = _image_span(j, stop, C, S, c)
-            for q in range(s, e):
-                i0 = uint64(base) + uint64(q)
-                i1 = i0 + st
-                i2 = i1 + st
-                i3 = i2 + st
-                g0, g1, g2, g3 = dy[i0], dy[i1], dy[i2], dy[i3]
-                x0, x1, x2, x3 = x[i0] - m0, x[i1] - m1, x[i2] - m2, x[i3] - m3
-                a0 += g0 * (x0 * k0)
-                a1 += g1 * (x1 * k1)
-                a2 += g2 * (x2 * k2)
-                a3 += g3 * (x3 * k3)
-                b0 += g0
-                b1 += g1
-                b2 += g2
-                b3 += g3
-                d0 += g0 * x0
-                d1 += g1 * x1
-                d2 += g2 * x2
-                d3 += g3 * x3
-            j += e - s
-        out[0] += a0
-        out[1] += b0
-        out[2] += d0
-        out[3] += a1
-        out[4] += b1
-        out[5] += d1
-        out[6] += a2
-        out[7] += b2
-        out[8] += d2
-        out[9] += a3
-        out[10] += b3
-        out[11] += d3
-        if _zero_follows(seg, rb, R, zb, za):
-            for q in range(12):
-                out[q] += _F32(0)
-
-
 @numba.njit(inline="always", error_model="numpy")
 def _sums8_row(g, v, m, k, training, a, b, d):  # type: ignore[no-untyped-def]
     """One row of eight channels (a lane each): _nchw_sums1's updates."""
@@ -692,9 +624,9 @@ def _nchw_sums8(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
     are loaded and transposed in registers (_simd.vload8_t); rows that do not make a
     whole eight within one image and one row block are gathered one at a time."""
     R = N * S
-    m = vload8(mean, c)
-    k = vload8(c0s, c)
-    z = vzeros8(x)
+    m = vgather8(mean, c, 1)
+    k = vgather8(c0s, c, 1)
+    z = vfull8(x, 0.0)
     ta = tb = td = vfull8(x, -0.0)
     for seg in range(0, R, rb):
         a = b = d = z
@@ -739,39 +671,38 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
                c0d: np.ndarray, training: bool, dx: np.ndarray, sb: np.ndarray, ob: np.ndarray,
                stream: bool) -> None:
     """NCHW gradient in groups of 8 channels: the sums (rows j = n*S + s in sequence, per
-    channel), then dx while the group's values are in cache."""
+    channel), then dx while the group's values are in cache. A last group of fewer than
+    eight channels sums the lanes of the last eight (each lane's bits do not depend on
+    its neighbours) and writes only its own; C < 8 takes the scalar chains."""
     R = N * S
     inv = _F32(1) / _F32(R)
     for grp in prange((C + 7) // 8):
         fz = ftz_enter()
         c0 = 8 * grp
         nc = min(8, C - c0)
-        sums = np.empty(24, np.float32)  # (sb, ob, sx) per channel
-        if nc == 8:
-            _nchw_sums8(dy, x, N, C, S, rb, zb, za, c0, mean, c0s, training, sums)
-        elif training and nc >= 4:
-            _nchw_sums4(dy, x, N, C, S, rb, zb, za, c0, mean, c0s, sums)
-            for t in range(4, nc):
-                _nchw_sums1(dy, x, N, C, S, rb, zb, za, c0 + t, mean[c0 + t], c0s[c0 + t],
-                            training, sums[3 * t:])
+        lo = max(0, min(c0, C - 8))  # the channel of the sums' first lane
+        sums = np.empty(24, np.float32)  # (sb, ob, sx) per channel from lo
+        if C >= 8:
+            _nchw_sums8(dy, x, N, C, S, rb, zb, za, lo, mean, c0s, training, sums)
         else:
             for t in range(nc):
                 _nchw_sums1(dy, x, N, C, S, rb, zb, za, c0 + t, mean[c0 + t], c0s[c0 + t],
                             training, sums[3 * t:])
         for t in range(nc):
             c = c0 + t
+            q = 3 * (c - lo)
             m = mean[c]
-            ob[c] = sums[3 * t + 1]
+            ob[c] = sums[q + 1]
             if training:
-                sb[c] = sums[3 * t]
+                sb[c] = sums[q]
                 f1 = scale[c] * c0d[c]
-                f2 = (c0d[c] * c0d[c]) * (sums[3 * t + 2] / _F32(R))
-                f3 = sums[3 * t + 1] * inv
+                f2 = (c0d[c] * c0d[c]) * (sums[q + 2] / _F32(R))
+                f3 = sums[q + 1] * inv
                 for n in range(N):
                     b = (n * C + c) * S
                     _span(1, dy, x, dx, b, b + S, f1, f2, f3, m, stream)
             else:
-                sb[c] = sums[3 * t + 2] * c0d[c]
+                sb[c] = sums[q + 2] * c0d[c]
                 f1 = c0d[c] * scale[c]
                 for n in range(N):
                     b = (n * C + c) * S
@@ -1171,7 +1102,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
         sf = eigen_rsqrt(v + np.float32(eps), max(C, 1)) * args[0]
         _pick(_affine_rows, xf.size, R)(xf, R, C, m, sf, args[1], yf)
     else:
-        _pick(_fwd_nchw, xf.size, C // 8 + (C % 8 + 1) // 2)(xf, N, C, S, *args, _streams(yf))
+        _pick(_fwd_nchw, xf.size, -(-C // 8))(xf, N, C, S, *args, _streams(yf))
     y = yf.reshape(x.shape)
     if x.dtype != np.float32:
         y = y.astype(x.dtype)  # float16 overflows to inf, as TF's cast
