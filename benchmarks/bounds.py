@@ -188,8 +188,9 @@ def measure(benches: list[harness.Bench], smoke: bool, rounds: int,
         row: dict[str, Any] = {"op": b.name, "case": b.shape}
         row.update({k: statistics.median(v) for k, v in times.items()})
         macs = _macs(b, kw)
-        row["arith_ms"] = 1e3 * macs / rate if macs else 0.0
-        row["bound_ms"] = max(row["stream_ms"], row["arith_ms"])
+        if macs:
+            row["arith_ms"] = 1e3 * macs / rate
+        row["bound_ms"] = max(row["stream_ms"], row.get("arith_ms", 0.0))
         row["x_bound"] = row["tfgrad_ms"] / row["bound_ms"]
         if "torch_ms" in row:
             row["torch_over_1_5_ms"] = row["torch_ms"] / 1.5
@@ -204,14 +205,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             ("torch_ms", "torch ms", "{:.3f}"), ("torch_over_1_5_ms", "torch/1.5", "{:.3f}"),
             ("stream_ms", "stream ms", "{:.3f}"), ("arith_ms", "arith ms", "{:.3f}"),
             ("x_bound", "x bound", "{:.2f}"), ("reachable", "1.5x torch reachable", "{}")]
-    out = [[t for _, t, _ in cols]]
-    for r in rows:
-        out.append([("-" if k == "arith_ms" and not r[k] else f.format(r[k])) if k in r else "-"
-                    for k, _, f in cols])
-    w = [max(len(line[i]) for line in out) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(n) for c, n in zip(line, w)) for line in out]
-    lines.insert(1, "  ".join("-" * n for n in w))
-    return "\n".join(lines)
+    return harness.render_table(rows, cols)
 
 
 def main(argv: list[str] | None = None) -> int:

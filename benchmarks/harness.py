@@ -188,6 +188,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cols.insert(5, ("speedup_vs_tf_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
         cols.insert(8, ("speedup_vs_torch_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
         cols.append(("x_floor_range", "range", "{0[0]:.2f}-{0[1]:.2f}"))
+    return render_table(rows, cols)
+
+
+def render_table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> str:
+    """Aligned text columns: (key, title, format) each; "-" where a row lacks the key."""
     table = [[title for _, title, _ in cols]]
     for r in rows:
         table.append([fmt.format(r[k]) if k in r else "-" for k, _, fmt in cols])
