@@ -59,6 +59,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._simd import (
+    HOST_AVX512,
     STREAM_MIN_BYTES,
     aligned_empty,
     ftz_enter,
@@ -716,14 +717,19 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
 # are the same per-lane additions in the same order as above (one lane per channel), so
 # the results are the same bits; what changes is the memory traffic:
 # - the sums prefetch _PF rows ahead (a block reads 256 of every C*4 bytes; the hardware
-#   prefetcher alone left the passes at half the streaming bandwidth);
+#   prefetcher alone left the passes at half the streaming bandwidth on Zen 3);
 # - y / x_backprop go out with non-temporal stores when large (no read for ownership,
-#   and x stays in the last-level cache instead of being evicted by the output);
-# - the elementwise pass runs from the last row back: the rows the sums read last are
-#   the ones still in cache.
+#   and x stays in the last-level cache instead of being evicted by the output).
 # --------------------------------------------------------------------------------------
 _L = 16  # float32 lanes of a _simd vector
 _PF = 16  # rows prefetched ahead by the column sums
+# ... but not by the gradient's sums where a vector is one register (AVX-512): there they
+# read two arrays that do not fit in the last-level cache, and on Zen 4 the prefetches
+# made that pass 1.3x slower (1.98 -> 1.53 ms without them over [16,56,56,128], kernel
+# alone, interleaved). The forward's statistics, over one array that mostly stays in
+# the cache between passes, gain from them there too (0.84 against 1.0 ms). On AVX2
+# (Zen 3) the prefetches were measured with the statistics only; they stay.
+_PF_GRAD = 0 if HOST_AVX512 else _PF
 _VEC_BLOCK = 4 * _L  # most channels per block: four vectors of accumulators
 
 
@@ -941,7 +947,7 @@ def _rows_vec(grad: bool, size: int, *args: object) -> None:
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx):  # type: ignore[no-untyped-def]
+def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx, stream):  # type: ignore[no-untyped-def]
     """One channel vector of one row: the sums; with frozen statistics also dx = dy * kc
     (x_backprop needs no sum then, so it is written in the same pass)."""
     g = vload(dy, i)
@@ -949,14 +955,14 @@ def _grad_row(dy, x, i, m, kc, training, sb, ob, sx, dx):  # type: ignore[no-unt
     if training:
         sb = vadd(sb, vmul(g, vmul(xc, kc)))
     else:
-        vstore(dx, i, vmul(g, kc))
+        vput(dx, i, vmul(g, kc), stream)
     return sb, vadd(ob, g), vadd(sx, vmul(g, xc))
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
 def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, rb: int,
                         zb: bool, za: bool, mean: np.ndarray, kc: np.ndarray, training: bool,
-                        sums: np.ndarray, dx: np.ndarray) -> None:
+                        sums: np.ndarray, dx: np.ndarray, stream: bool) -> None:
     """_grad_sums_nhwc for C % 16 == 0, same order (rows in sequence; partial sums over
     row blocks of ``rb`` added in order), the accumulators of up to four channel vectors
     (cb <= 64) in registers. ``kc``: rsqrt(var + eps) when training, else the x_backprop
@@ -976,24 +982,24 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
             a0 = b0 = d0 = a1 = b1 = d1 = a2 = b2 = d2 = a3 = b3 = d3 = z
             for j in range(seg, min(R, seg + rb)):
                 i = uint64(j) * cc + uint64(c0)
-                if j + _PF < R:
-                    f = i + uint64(_PF) * cc
+                if _PF_GRAD and j + _PF_GRAD < R:
+                    f = i + uint64(_PF_GRAD) * cc
                     _prefetch_row(dy, f, nv)
                     _prefetch_row(x, f, nv)
                 a0, b0, d0 = _grad_row(dy, x, i, ms[0], ks[0], training, a0, b0, d0,
-                                        dx)
+                                        dx, stream)
                 if nv > 1:
                     i1 = i + uint64(_L)
                     a1, b1, d1 = _grad_row(dy, x, i1, ms[1], ks[1], training, a1, b1, d1,
-                                        dx)
+                                        dx, stream)
                 if nv > 2:
                     i2 = i + uint64(2 * _L)
                     a2, b2, d2 = _grad_row(dy, x, i2, ms[2], ks[2], training, a2, b2, d2,
-                                        dx)
+                                        dx, stream)
                 if nv > 3:
                     i3 = i + uint64(3 * _L)
                     a3, b3, d3 = _grad_row(dy, x, i3, ms[3], ks[3], training, a3, b3, d3,
-                                        dx)
+                                        dx, stream)
             part = (a0, b0, d0, a1, b1, d1, a2, b2, d2, a3, b3, d3)
             for k in range(12):
                 q = uint64(k * _L)
@@ -1152,7 +1158,7 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
             kc = c0s if is_training else c0d * args[0]
             _pick(_grad_sums_nhwc_vec, xf.size, -(-C // cb))(
                 dyf, xf, R, C, cb, row_block, zb, za, _padded(args[1]), _padded(kc),
-                bool(is_training), sp.reshape(-1), dxf)
+                bool(is_training), sp.reshape(-1), dxf, not is_training and _streams(dxf))
             sums = sp[:, :C]
         else:
             sums = np.empty((3, C), np.float32)
