@@ -59,7 +59,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._simd import (
-    HOST_AVX512,
     STREAM_MIN_BYTES,
     aligned_empty,
     ftz_enter,
@@ -716,20 +715,15 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
 # channel vectors (64 channels) per block with every accumulator in a register. The sums
 # are the same per-lane additions in the same order as above (one lane per channel), so
 # the results are the same bits; what changes is the memory traffic:
-# - the sums prefetch _PF rows ahead (a block reads 256 of every C*4 bytes; the hardware
-#   prefetcher alone left the passes at half the streaming bandwidth on Zen 3);
+# - the sums prefetch _PF rows ahead into L2 (a block reads 256 of every C*4 bytes; the
+#   hardware prefetcher alone left the passes at half the streaming bandwidth on Zen 3;
+#   on Zen 4 the gradient's sums took 1.58 ms with these prefetches, 1.65 ms with none
+#   and 2.04 ms prefetching into L1 as well, kernel alone);
 # - y / x_backprop go out with non-temporal stores when large (no read for ownership,
 #   and x stays in the last-level cache instead of being evicted by the output).
 # --------------------------------------------------------------------------------------
 _L = 16  # float32 lanes of a _simd vector
 _PF = 16  # rows prefetched ahead by the column sums
-# ... but not by the gradient's sums where a vector is one register (AVX-512): there they
-# read two arrays that do not fit in the last-level cache, and on Zen 4 the prefetches
-# made that pass 1.3x slower (1.98 -> 1.53 ms without them over [16,56,56,128], kernel
-# alone, interleaved). The forward's statistics, over one array that mostly stays in
-# the cache between passes, gain from them there too (0.84 against 1.0 ms). On AVX2
-# (Zen 3) the prefetches were measured with the statistics only; they stay.
-_PF_GRAD = 0 if HOST_AVX512 else _PF
 _VEC_BLOCK = 4 * _L  # most channels per block: four vectors of accumulators
 
 
@@ -982,8 +976,8 @@ def _grad_sums_nhwc_vec(dy: np.ndarray, x: np.ndarray, R: int, C: int, cb: int, 
             a0 = b0 = d0 = a1 = b1 = d1 = a2 = b2 = d2 = a3 = b3 = d3 = z
             for j in range(seg, min(R, seg + rb)):
                 i = uint64(j) * cc + uint64(c0)
-                if _PF_GRAD and j + _PF_GRAD < R:
-                    f = i + uint64(_PF_GRAD) * cc
+                if j + _PF < R:
+                    f = i + uint64(_PF) * cc
                     _prefetch_row(dy, f, nv)
                     _prefetch_row(x, f, nv)
                 a0, b0, d0 = _grad_row(dy, x, i, ms[0], ks[0], training, a0, b0, d0,

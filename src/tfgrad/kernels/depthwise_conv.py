@@ -86,6 +86,8 @@ from .._fpenv import flush_this_thread
 from ._simd import (
     HOST_AVX512,
     STREAM_MIN_BYTES,
+    aligned_empty,
+    aligned_scratch,
     nlanes,
     prefetch,
     stream_output,
@@ -942,7 +944,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         xf, wf, of = x.reshape(x.size), w.reshape(w.size), out.reshape(out.size)
         zero = np.zeros(1, x.dtype)[0]
         R = (FH - 1) * dh + 1 if M > 1 else 0
-        ring = np.empty(R * WC, x.dtype)
+        ring = aligned_scratch(R * WC, x)
         tags = np.full(R, -1, np.int64)
         src = xf if M == 1 else ring
         rowoff = np.zeros(FH, np.int64)
@@ -1118,11 +1120,11 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool):  # 
         GS = NL if blocked else CM  # gs's pixel stride
         CS = ow * NL if blocked else NL  # gs's channel-vector stride
         R = (FH - 1) * dh + 1 if blocked else 0  # (an input row's out_backprop rows span
-        ring = np.empty(R * ow * CM, w.dtype)  # at most (FH - 1) * dh // sh + 1)
+        ring = aligned_scratch(R * ow * CM, w)  # at most (FH - 1) * dh // sh + 1)
         tags = np.full(R, -1, np.int64)
         gs = ring if blocked else gf
         zero = np.zeros(1, w.dtype)[0]
-        per = np.empty(W * CM if M > 1 else 0, w.dtype)
+        per = aligned_scratch(W * CM if M > 1 else 0, w)
         dst = of if M == 1 else per
         rowoff = np.zeros(FH, np.int64)
         rowok = np.zeros(FH, np.bool_)
@@ -1345,7 +1347,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         xf, gf = x.reshape(x.size), g.reshape(g.size)
         zero = np.zeros(1, x.dtype)[0]
         R = (FH - 1) * dh + 1 if M > 1 else 0
-        ring = np.empty(R * W * CM, x.dtype)
+        ring = aligned_scratch(R * W * CM, x)
         tags = np.full(R, -1, np.int64)
         src = xf if M == 1 else ring
         J0 = min(ow, (pl + sw - 1) // sw)  # columns whose taps all fall inside
@@ -1579,7 +1581,7 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
         return total.astype(dt, copy=False)  # (TF returns uninitialised memory for these)
     work = _macs(geo)
     threads = _threads(work)
-    bufs = np.empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
+    bufs = aligned_empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
     vec = _vec_kernel("backprop_filter", geo.fh, geo.fw, mode)
     if vec is not None and geo.N >= threads:
         _run(vec, geo.N, work, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
