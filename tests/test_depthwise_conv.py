@@ -334,6 +334,35 @@ def test_dilated_forward_inserted_zero_turns_minus_zero_plus(impl, dt):
                                                         w.shape)))
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_height_dilated_forward_inserted_row_turns_minus_zero_plus(impl, dt):
+    """3x3 filter, dilation 2 in height only (TF's explicit filter is 5x3), a row of 6
+    outputs (the stride-1 register blocks slide along it). Output pixel 0: row 0 gives
+    a * 1 + (-b) * 1, which flushes to -0, then 0 * -1 = -0; the inserted row over
+    x = 1 adds 1 * 0 = +0, so TF's sum is +0 and stays +0 (the real rows below add
+    0 * -1 = -0). Skipping the inserted rows gives -0: the sliding blocks must mark the
+    row for the redo as the other dilated paths do (they did not before 0.1.0)."""
+    a, b = (dt(1.5e-38), dt(1.6e-38)) if dt == np.float32 else (2.5e-308, 2.6e-308)
+    C = 16
+    x = np.zeros((1, 5, 8, C), dt)
+    x[0, 0, :3] = np.array([a, -b, 0], dt)[:, None]
+    x[0, 1, :3] = 1
+    w = np.repeat(np.array([[1, 1, -1], [-1, -1, -1], [-1, -1, -1]], dt)[:, :, None, None], C,
+                  axis=2)
+    kw = {"input": x, "filter": w, "strides": [1, 1, 1, 1], "padding": "VALID",
+          "dilations": [1, 2, 1, 1]}
+    with tfgrad.use_impl(impl):
+        y = FWD(**kw)
+    assert y.shape == (1, 1, 6, C)
+    assert not y[0, 0, 0].any() and not np.signbit(y[0, 0, 0]).any()
+    if oracle.tensorflow() is not None:
+        from tests.cases.depthwise_conv import _nhwc_call
+
+        oracle.assert_same(y, oracle.run_tf(*_nhwc_call(FWD.OP_NAME, kw, False, (2, 1),
+                                                        w.shape)))
+
+
 # Values whose sums cancel into the denormal range (they flush to +-0), with zeros of
 # both signs: every path's signed zeros are exercised. (Half types: around their
 # underflow, where a sum rounds to a zero of its sign.)
@@ -384,17 +413,21 @@ def test_signed_zeros_register_blocked_equal_reference(monkeypatch, prob, dtype,
     (4, 8, 1, 3, 1),   # no register kernel: the run kernel
     (3, 16, 1, 1, 2),  # dilated: TF computes it with the filter dilated explicitly
     (2, 3, 2, 2, 3),
+    (2, 16, 1, 1, (2, 1)),  # dilated in height only: the stride-1 sliding blocks
+    (3, 32, 2, 1, (3, 1)),
+    (3, 16, 1, 1, (1, 2)),
 ])
 def test_live_tf_signed_zeros(dt, f, C, M, s, d):
     """Cancelling tiny inputs against TF 2.21, every bit and every zero's sign, for the
     three ops, kernel and reference (dilated cases: TF's explicitly dilated filter)."""
     from tests.cases.depthwise_conv import _nhwc_call
 
+    dh, dw = d if isinstance(d, tuple) else (d, d)
     rng = np.random.default_rng(f * 1000 + C * 10 + M)
     for padding in ("SAME", "VALID"):
         x = _cancelling(rng, (2, 11, 13, C), dt)
         w = _cancelling(rng, (f, f, C, M), dt, True)
-        attrs = {"strides": [1, s, s, 1], "padding": padding, "dilations": [1, d, d, 1]}
+        attrs = {"strides": [1, s, s, 1], "padding": padding, "dilations": [1, dh, dw, 1]}
         g = _cancelling(rng, FWD(input=x, filter=w, **attrs).shape, dt)
         calls = [(FWD, {"input": x, "filter": w}),
                  (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w,
@@ -403,9 +436,9 @@ def test_live_tf_signed_zeros(dt, f, C, M, s, d):
                        "out_backprop": g})]
         for fn, kw in calls:
             kw = {**kw, **attrs}
-            want = oracle.run_tf(*_nhwc_call(fn.OP_NAME, kw, False, (d, d), w.shape))
-            if fn is BF and d > 1:
-                want = want[::d, ::d]
+            want = oracle.run_tf(*_nhwc_call(fn.OP_NAME, kw, False, (dh, dw), w.shape))
+            if fn is BF:
+                want = want[::dh, ::dw]
             for impl in ("kernel", "reference"):
                 with tfgrad.use_impl(impl):
                     oracle.assert_same(fn(**kw), want, what=f"{impl} {fn.OP_NAME} {padding}")

@@ -899,13 +899,16 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts,
 
 
 @njit(inline="always")
-def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream):  # type: ignore[no-untyped-def]  # noqa: E501
-    """_fwd_block for 4 pixels at stride 1, dilation 1 (pixel stride ps in src): the 4
-    pixels' inputs for tap c are columns c..c+3, held in registers that slide by one
-    column per tap, so each input vector is loaded once per filter row instead of up to
-    4 times."""
+def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream, track):  # type: ignore[no-untyped-def]  # noqa: E501
+    """_fwd_block for 4 pixels at stride 1 along the row, no dilation along it (pixel
+    stride ps in src): the 4 pixels' inputs for tap c are columns c..c+3, held in
+    registers that slide by one column per tap, so each input vector is loaded once per
+    filter row instead of up to 4 times. ``track`` (dilated in height): returns whether
+    a lane it stored was -0, as _fwd_block."""
+    neg = False
     for ch in range(ch0, ch1, NL):
-        v0, v1, v2, v3 = vzeros(wf), vzeros(wf), vzeros(wf), vzeros(wf)
+        # (tracked: from an opaque +0, so that LLVM cannot rule a -0 out; see _fwd_block)
+        v0 = v1 = v2 = v3 = vzeros_opaque(wf) if track else vzeros(wf)
         for r in range(FH):
             b = rowoff[r] + a0 + (ch // NL) * CS
             x0, x1 = vload(src, b), vload(src, b + ps)
@@ -920,6 +923,9 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
         vput(of, o + CM + ch, v1, stream)
         vput(of, o + 2 * CM + ch, v2, stream)
         vput(of, o + 3 * CM + ch, v3, stream)
+        if track:
+            neg = neg or vhas_negzero(vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3)))
+    return neg
 
 
 def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
@@ -980,9 +986,13 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                             pa, pn = _prefetch_part(xf, pa, pn, step)
                             jk = j + k * _P
                             a0, o = (jk * sw - pl) * PS, ob + jk * CM
-                            if sw == 1 and dw == 1:
+                            if sw == 1 and dw == 1 and dh == 1:
                                 _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch, ch + NL,
-                                                CS, NL, FH, FW, PS, stream)
+                                                CS, NL, FH, FW, PS, stream, False)
+                            elif sw == 1 and dw == 1:
+                                neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch,
+                                                       ch + NL, CS, NL, FH, FW, PS, stream,
+                                                       True)
                             else:
                                 neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
                                                   ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
@@ -999,9 +1009,12 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                     if j1 == j + 1:
                         neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
                                           FW, 0, dw * PS, 1, stream)
-                    elif sw == 1 and dw == 1:  # (undilated: nothing to track)
+                    elif sw == 1 and dw == 1 and dh == 1:  # (undilated: nothing to track)
                         _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH, FW,
-                                        PS, stream)
+                                        PS, stream, False)
+                    elif sw == 1 and dw == 1:  # dilated in height only: TF's inserted rows
+                        neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL,
+                                               FH, FW, PS, stream, True)
                     else:
                         neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
                                           FW, sw * PS, dw * PS, _P, stream)
