@@ -76,7 +76,9 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 def assert_same(actual: Any, expected: Any, *, what: str = "", ulps: int = 0) -> None:
     """Same dtype, shape and values: bit-identical (NaNs match any NaN, -0.0 == +0.0 only
-    when ulps > 0), or within ``ulps`` float ulps."""
+    when ulps > 0), or within ``ulps`` float ulps. (NaN payloads are not compared: where
+    two NaNs meet, TF's x86 add returns the incoming operand's, and LLVM does not keep
+    the operand order of a compiled add; see the README.)"""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"

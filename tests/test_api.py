@@ -70,6 +70,18 @@ def test_attr_validation(kwargs, error, match):
         tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=np.zeros(3, np.float32), **kwargs)
 
 
+def test_none_attr_means_the_default_as_in_tf():
+    x = np.linspace(-8, 8, 33, dtype=np.float32)
+    want = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x)
+    got = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=None, max=None, num_bits=None,
+                                                 narrow_range=None)
+    assert got.tobytes() == want.tobytes()
+    with pytest.raises(TypeError, match="strides"):  # no default: still required
+        tfgrad.raw_ops.DepthwiseConv2dNative(
+            input=np.zeros((1, 3, 3, 1), np.float32), filter=np.zeros((1, 1, 1, 1), np.float32),
+            strides=None, padding="SAME")
+
+
 def test_string_attr_allowed_values():
     with pytest.raises(tfgrad.InvalidArgumentError, match="'data_format' must be one of"):
         tfgrad.raw_ops.FusedBatchNorm(

@@ -4,6 +4,11 @@
 attr values of the right Python type, or raises ``TypeError`` (wrong dtype, wrong
 attr type) / ``InvalidArgumentError`` (attr out of range, malformed value). Op-specific
 checks (shapes, sizes) live with each op family and use the small helpers below.
+
+Attr types are checked more strictly than TF's Python wrappers convert them, on purpose:
+TF truncates a float given for an int attr (``num_bits=8.7`` runs as 8) and takes a bool
+for a float attr (``min=True`` is 1.0); here both are TypeErrors. ``None`` for an attr
+with a default means the default, as in TF's wrappers.
 """
 
 from __future__ import annotations
@@ -221,6 +226,8 @@ def bind(op: OpDef, arguments: dict[str, Any]) -> dict[str, Any]:
     attrs = {}
     for a in op.attrs:
         value = arguments.get(a.name, a.default)
+        if value is None and a.default is not REQUIRED:
+            value = a.default  # as TF's generated wrappers: None means the default
         if value is REQUIRED:
             raise TypeError(f"{op.name}: missing required attr '{a.name}'")
         attrs[a.name] = check_attr(op, a, value)

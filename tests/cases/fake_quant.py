@@ -233,6 +233,10 @@ ERROR_CASES: list[ErrorCase] = [
               r"min has to be smaller than max, was: 1 >= 1"),
     ErrorCase(_A, "min_above_max", lambda: dict(inputs=_z(2), min=2.0, max=-1.5), IAE,
               r"min has to be smaller than max, was: 2 >= -1.5"),
+    # (6 significant digits even where they do not round-trip, as TF 2.21 prints them)
+    ErrorCase(_A, "min_above_max_6_digits",
+              lambda: dict(inputs=_z(2), min=123456.7, max=-1.2345678),
+              IAE, r"min has to be smaller than max, was: 123457 >= -1\.23457$"),
     ErrorCase(_A, "nan_min", lambda: dict(inputs=_z(2), min=float("nan"), max=1.0), IAE,
               r"min has to be smaller than max, was: nan >= 1"),
     ErrorCase(_A, "nan_max", lambda: dict(inputs=_z(2), min=-1.0, max=float("nan")), IAE,

@@ -46,7 +46,9 @@ TF behaviours that surprise (each pinned by a test in tests/test_fake_quant.py)
 9. Vars and PerChannel with ``min == max == 0`` (-0.0 included) output zeros, and their
    gradients pass ``g`` through with dmin = dmax = 0.
 10. NaN inputs give NaN outputs (the clamp keeps NaN), and fall in no gradient mask.
-    +-inf inputs clamp to the nudged ends.
+    +-inf inputs clamp to the nudged ends. A NaN input keeps its payload; with a NaN
+    min or max as well TF returns the range's NaN, and tfgrad may return the input's
+    (payload bits only: see the README; so may NaN gradient sums with several NaNs).
 11. PerChannel takes inputs of any rank >= 1 (TF documents [d], [b, d], [b, h, w, d]);
     the channel is the last dimension.
 
@@ -115,9 +117,9 @@ def ftz(a: np.ndarray) -> np.ndarray:
 
 
 def _fmt(v: float) -> str:
-    """A float32 as TF's StrCat prints it (%g with 6 digits, 9 when 6 do not round-trip)."""
-    s = f"{v:.6g}"
-    return s if np.isnan(v) or F32(float(s)) == F32(v) else f"{v:.9g}"
+    """A float32 as TF 2.21's error messages print it: %g, 6 significant digits, even where
+    they do not round-trip (123456.7 prints as 123457, checked against TF)."""
+    return f"{v:g}"
 
 
 # --------------------------------------------------------------------------------------

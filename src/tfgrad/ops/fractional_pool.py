@@ -51,6 +51,12 @@ Computation (each verified bit-exact against TF 2.21)
       increasing), so the fused kernel sums each element's shares in a register and
       rounds once: no float64 array the size of the input, as TF allocates.
 
+NaN payloads
+    Where two NaNs are added (Avg sums, AvgGrad and MaxGrad accumulations), TF's x86 add
+    returns the incoming operand's NaN; tfgrad's result is NaN there too but may carry
+    the other NaN's payload and sign (LLVM does not keep the operand order of an add;
+    see the README). A live campaign of ~551,000 calls found no other difference.
+
 Denormals (TF runs its kernels with FTZ and DAZ set, ``tfgrad._fpenv``)
     Sums, shares and comparisons read a denormal as 0 and flush denormal results. TF's
     max is an x86 max instruction, which returns a denormal as a zero of its sign, so
