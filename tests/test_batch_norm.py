@@ -133,6 +133,40 @@ def test_empty_batch(training):
     np.testing.assert_array_equal(g.offset_backprop, np.zeros(3, F32))
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("fmt, shape", [("NDHWC", (0, 1, 1, 1, 6)), ("NDHWC", (1, 1, 1, 18, 0)),
+                                        ("NCDHW", (0, 6, 1, 2, 3))])
+def test_empty_5d_grad_keeps_x_shape(impl, fmt, shape):
+    # TF returns x_backprop in its 4-D working shape here (an early return before the 5-D
+    # shape is restored); tfgrad keeps x's shape (see the module docstring).
+    c = shape[-1] if fmt == "NDHWC" else shape[1]
+    x = np.zeros(shape, F32)
+    kw = dict(y_backprop=x, x=x, scale=np.ones(c, F32), reserve_space_1=np.zeros(c, F32),
+              reserve_space_2=np.ones(c, F32), reserve_space_3=E, data_format=fmt)
+    with tfgrad.use_impl(impl):
+        g = raw.FusedBatchNormGradV3(**kw)
+    assert g.x_backprop.shape == shape
+    np.testing.assert_array_equal(g.scale_backprop, np.zeros(c, F32))
+    if oracle.tensorflow() is not None:
+        want = oracle.run_tf("FusedBatchNormGradV3", kw)
+        assert np.asarray(want[0]).ndim == 4 and np.asarray(want[0]).size == 0
+
+
+@pytest.mark.live
+def test_bfloat16_nan_signs_differ_from_tf_packets():
+    # epsilon -5 makes rsqrt(var + eps) an invalid operation: -NaN (x86's default NaN)
+    # in every element. TF's cast to bfloat16 makes it +NaN in the whole packet of 8 and
+    # keeps -NaN in the tail; tfgrad keeps the sign everywhere (module docstring).
+    kw = dict(x=np.ones((1, 1, 1, 9), ml_dtypes.bfloat16), scale=np.ones(9, F32),
+              offset=np.zeros(9, F32), mean=np.zeros(9, F32), variance=np.ones(9, F32),
+              epsilon=-5.0, is_training=False)
+    want = np.asarray(oracle.run_tf("FusedBatchNormV3", kw)[0]).reshape(-1)
+    got = raw.FusedBatchNormV3(**kw).y.reshape(-1)
+    assert np.isnan(want.astype(F32)).all() and np.isnan(got.astype(F32)).all()
+    assert not np.signbit(want[:8].astype(F32)).any() and np.signbit(want[8].astype(F32))
+    assert np.signbit(got.astype(F32)).all()
+
+
 def test_grad_placeholder_outputs_have_shape_zero():
     g = raw.FusedBatchNormGradV3(y_backprop=X, x=X, scale=SCALE, reserve_space_1=SCALE,
                                  reserve_space_2=SCALE, reserve_space_3=np.ones((3, 3), F32))

@@ -79,7 +79,16 @@ threads, e.g. C = 32 with a few rows, where all blocks run in one call).
 Empty inputs: with ``R*C == 0`` the forward returns an empty y and NaN batch_mean /
 batch_variance (as TF, even at inference); reserve_space_1/2, uninitialised in TF, are zeros
 (as oneDNN). The gradient returns an empty x_backprop and zero scale/offset backprops.
-Grad's reserve_space_3/4 (GradV3: 4/5) have shape [0] (TF's Eigen kernel).
+Grad's reserve_space_3/4 (GradV3: 4/5) have shape [0] (TF's Eigen kernel). For an empty
+5-D x, TF's gradient returns x_backprop in its 4-D working shape (NDHWC [N, D, H*W, C]:
+it returns before restoring the 5-D shape); tfgrad keeps x's shape, as for every other
+input (a deliberate difference, pinned by a test).
+
+NaN signs in bfloat16 outputs: TF's vectorised cast of y / x_backprop from float32 to
+bfloat16 turns every NaN in a whole packet of 8 into +NaN (0x7fc0), while the packet
+tail (and large tensors' per-block tails) keep the sign; tfgrad's cast keeps it
+everywhere, so an invalid operation's NaN (-NaN on x86, e.g. from a negative
+variance + epsilon) comes out as 0xffc0 where TF has 0x7fc0. Only NaN signs differ.
 
 Beyond TF's CPU kernel: FusedBatchNormGrad* with is_training=False and NCHW (or NCDHW),
 which TF's Eigen kernel rejects ("only support NHWC tensor format"), is computed as TF's
