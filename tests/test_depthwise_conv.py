@@ -342,7 +342,8 @@ def test_height_dilated_forward_inserted_row_turns_minus_zero_plus(impl, dt):
     a * 1 + (-b) * 1, which flushes to -0, then 0 * -1 = -0; the inserted row over
     x = 1 adds 1 * 0 = +0, so TF's sum is +0 and stays +0 (the real rows below add
     0 * -1 = -0). Skipping the inserted rows gives -0: the sliding blocks must mark the
-    row for the redo as the other dilated paths do (they did not before 0.1.0)."""
+    row for the redo as the other dilated paths do (a live campaign found them not
+    doing it)."""
     a, b = (dt(1.5e-38), dt(1.6e-38)) if dt == np.float32 else (2.5e-308, 2.6e-308)
     C = 16
     x = np.zeros((1, 5, 8, C), dt)

@@ -389,7 +389,6 @@ def _binary(name, doc, emit):  # type: ignore[no-untyped-def]
         return a(a, b), codegen
 
     typer.__name__ = typer.__qualname__ = name
-    typer.__name__ = typer.__qualname__ = name
     typer.__doc__ = doc
     return intrinsic(typer)
 
@@ -445,7 +444,6 @@ def _ternary_select(name, doc, pred):  # type: ignore[no-untyped-def]
 
         return a(a, b, x, y), codegen
 
-    typer.__name__ = typer.__qualname__ = name
     typer.__name__ = typer.__qualname__ = name
     typer.__doc__ = doc
     return intrinsic(typer)

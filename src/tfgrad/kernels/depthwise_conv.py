@@ -907,8 +907,7 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
     a lane it stored was -0, as _fwd_block."""
     neg = False
     for ch in range(ch0, ch1, NL):
-        # (tracked: from an opaque +0, so that LLVM cannot rule a -0 out; see _fwd_block)
-        v0 = v1 = v2 = v3 = vzeros_opaque(wf) if track else vzeros(wf)
+        v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
         for r in range(FH):
             b = rowoff[r] + a0 + (ch // NL) * CS
             x0, x1 = vload(src, b), vload(src, b + ps)
@@ -986,13 +985,10 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                             pa, pn = _prefetch_part(xf, pa, pn, step)
                             jk = j + k * _P
                             a0, o = (jk * sw - pl) * PS, ob + jk * CM
-                            if sw == 1 and dw == 1 and dh == 1:
-                                _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch, ch + NL,
-                                                CS, NL, FH, FW, PS, stream, False)
-                            elif sw == 1 and dw == 1:
+                            if sw == 1 and dw == 1:
                                 neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch,
                                                        ch + NL, CS, NL, FH, FW, PS, stream,
-                                                       True)
+                                                       dh > 1)
                             else:
                                 neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
                                                   ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
@@ -1009,12 +1005,9 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                     if j1 == j + 1:
                         neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
                                           FW, 0, dw * PS, 1, stream)
-                    elif sw == 1 and dw == 1 and dh == 1:  # (undilated: nothing to track)
-                        _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH, FW,
-                                        PS, stream, False)
-                    elif sw == 1 and dw == 1:  # dilated in height only: TF's inserted rows
+                    elif sw == 1 and dw == 1:  # (tracked when dilated in height: TF's
                         neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL,
-                                               FH, FW, PS, stream, True)
+                                               FH, FW, PS, stream, dh > 1)  # inserted rows)
                     else:
                         neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
                                           FW, sw * PS, dw * PS, _P, stream)
