@@ -173,7 +173,7 @@ def measure(benches: list[harness.Bench], smoke: bool, rounds: int,
     repeat, min_time = (2, 0.0) if smoke else (7, 0.1)
     cases = []
     for b in benches:
-        kw = b.make(np.random.default_rng(0), smoke)
+        kw = harness.place(b.make(np.random.default_rng(0), smoke))  # (on a line, as run.py)
         op = getattr(tfgrad.raw_ops, b.name)
         calls = {"tfgrad_ms": (lambda op=op, kw=kw: op(**kw)), "stream_ms": _streaming(b, kw)}
         if torch is not None and b.torch is not None:

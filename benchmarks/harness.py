@@ -95,10 +95,32 @@ def _default_tf(tf: Any, name: str, kwargs: dict[str, Any]) -> Callable[[], Any]
     return lambda: op(**kw)
 
 
-def run_bench(b: Bench, *, smoke: bool = False, seed: int = 0) -> dict[str, Any]:
+def place(kwargs: dict[str, Any], offset: int = 0) -> dict[str, Any]:
+    """kwargs with every array input copied to ``offset`` bytes past a 64-byte line.
+
+    TF runs on ``tf.constant`` copies, which its allocator puts on a 64-byte line; tfgrad
+    and PyTorch (``torch.from_numpy``) run on these very buffers. ``offset=0`` gives all
+    three inputs on a line, the same start TF's kernels get. A large NumPy allocation
+    starts 16 bytes past one (glibc's mmap header), and there every 64-byte vector load
+    spans two lines: ``--offset 16`` measures that case (depthwise 3x3 up to 1.3x slower
+    in tfgrad; see benchmarks/RESULTS.md)."""
+    out = {}
+    for k, v in kwargs.items():
+        if isinstance(v, np.ndarray) and v.ndim > 0:
+            raw = np.empty(v.nbytes + 64 + offset, np.uint8)
+            start = -raw.ctypes.data % 64 + offset
+            a = raw[start:start + v.nbytes].view(v.dtype).reshape(v.shape)
+            a[...] = v
+            v = a
+        out[k] = v
+    return out
+
+
+def run_bench(b: Bench, *, smoke: bool = False, seed: int = 0,
+              offset: int = 0) -> dict[str, Any]:
     import tfgrad
 
-    kwargs = b.make(np.random.default_rng(seed), smoke)
+    kwargs = place(b.make(np.random.default_rng(seed), smoke), offset)
     fn = getattr(tfgrad.raw_ops, b.name)
     repeat, min_time = (2, 0.0) if smoke else (7, 0.1)
     row: dict[str, Any] = {"op": b.name, "case": b.shape}

@@ -1,9 +1,11 @@
 """Run the benchmarks: ``python benchmarks/run.py [--smoke] [--family NAME] [--rounds K]
-[--json FILE]``.
+[--json FILE] [--offset BYTES]``.
 
 --smoke runs every benchmark once on tiny shapes (CI does this to keep them working).
 --rounds K runs the whole selection K times over and reports medians with each ratio's
 range (a shared VM drifts by 30% within minutes; rounds spread that over every row).
+--offset B starts every input array B bytes past a 64-byte line (default 0: on a line,
+as TF's own tensors are; see harness.place).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("--op", help="only benchmarks of this op")
     p.add_argument("--rounds", type=int, default=1, help="run everything K times; medians")
     p.add_argument("--json", help="also write the results as JSON")
+    p.add_argument("--offset", type=int, default=0,
+                   help="bytes past a 64-byte line where each input array starts (0: on a "
+                        "line, as TF's own tensors; 16: where NumPy puts large arrays)")
     args = p.parse_args(argv)
     benches = load(args.family or FAMILIES)
     if args.op:
@@ -48,12 +53,12 @@ def main(argv=None) -> int:
     for k in range(max(1, args.rounds)):
         rows = []
         for b in benches:
-            rows.append(harness.run_bench(b, smoke=args.smoke))
+            rows.append(harness.run_bench(b, smoke=args.smoke, offset=args.offset))
             print(f"  [{k + 1}] {b.name} {b.shape}: {rows[-1]['tfgrad_ms']:.3f} ms",
                   file=sys.stderr)
         rounds.append(rows)
     rows = rounds[0] if len(rounds) == 1 else harness.merge_rounds(rounds)
-    print(harness.report(rows, harness.environment(), args.json))
+    print(harness.report(rows, dict(harness.environment(), input_offset=args.offset), args.json))
     return 0
 
 

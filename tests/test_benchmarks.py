@@ -38,6 +38,27 @@ def test_rounds_are_merged_into_medians_and_ranges():
     assert "range" in harness.format_table([row])
 
 
+def test_inputs_are_placed_at_the_asked_offset_from_a_line():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import numpy as np
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    kw = {"x": x, "sizes": np.array([1, 2], np.int32), "strides": [1, 2, 2, 1],
+          "scalar": np.float32(3)}
+    for offset in (0, 16, 48):
+        placed = harness.place(kw, offset)
+        for k in ("x", "sizes"):
+            assert placed[k].ctypes.data % 64 == offset
+            assert placed[k].dtype == kw[k].dtype and placed[k].flags.c_contiguous
+            np.testing.assert_array_equal(placed[k], kw[k])
+            assert not np.shares_memory(placed[k], kw[k])
+        assert placed["strides"] is kw["strides"] and placed["scalar"] is kw["scalar"]
+
+
 def test_bounds_smoke(tmp_path):
     out = tmp_path / "bounds.json"
     r = subprocess.run(

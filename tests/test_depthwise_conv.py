@@ -152,6 +152,35 @@ def test_register_blocked_kernels_equal_reference(monkeypatch, prob, dtype, spec
     _kernel_equals_reference(x, w, g, attrs, f"{dtype} {xs} {ws} {attrs} stream={stream}")
 
 
+@pytest.mark.parametrize("dtype, C, M", [("float32", 32, 1), ("float32", 16, 2), ("float64", 16, 1),
+                                         ("float64", 8, 2)])
+@pytest.mark.parametrize("f, s, d, padding", [(3, 2, 1, "SAME"), (3, 1, 1, "SAME"),
+                                              (3, 2, 2, "VALID"), (2, 3, 1, "EXPLICIT"),
+                                              (1, 2, 1, "VALID")])
+def test_backprop_filter_lane_vector_pairs_equal_reference(dtype, C, M, f, s, d, padding):
+    """Pixels of exactly two lane vectors (C * M = 32 float32 / 16 float64): on AVX-512
+    BackpropFilter's register kernel sweeps both in one pass (_filter_cols ``two``), the
+    border columns and padding taps included; the same bits as the reference, inf / NaN
+    / -0 among the inputs."""
+    rng = np.random.default_rng(C * M * f + s)
+    attrs = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
+    if padding == "EXPLICIT":
+        attrs["explicit_paddings"] = [0, 0, 1, 2, 2, 1, 0, 0]
+    x = rng.standard_normal((3, 13, 21, C)).astype(dtype)
+    x.flat[rng.integers(0, x.size, 4)] = [np.inf, -np.inf, np.nan, -0.0]
+    w = np.ones((f, f, C, M), dtype)
+    with tfgrad.use_impl("reference"):
+        g = rng.standard_normal(FWD(input=x, filter=w, **attrs).shape).astype(dtype)
+    g.flat[rng.integers(0, g.size, 2)] = [np.nan, -0.0]
+    kw = {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g}
+    out = {}
+    for impl in ("kernel", "reference"):
+        with tfgrad.use_impl(impl):
+            out[impl] = BF(**kw, **attrs)
+    oracle.assert_same(out["kernel"], out["reference"], what=f"{dtype} C={C} M={M} {attrs}")
+    assert ("backprop_filter", f, f) in K._VEC_KERNELS
+
+
 @pytest.mark.parametrize("dtype, C, M", [("float32", 8, 2), ("float64", 4, 2), ("float32", 16, 3),
                                          ("float64", 2, 4), ("float32", 12, 4)])
 @pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (3, 1, 1, "SAME"),

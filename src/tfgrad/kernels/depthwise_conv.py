@@ -35,26 +35,30 @@ BackpropFilter one holds the tap accumulators of up to three filter rows (21 vec
 AVX2, where a vector is two of 16 registers, as many rows as keep 9 of them: one for
 5x5) in registers over an output row, so each out_backprop vector is loaded once per
 group of filter rows, and prefetches the next output row's lines (3x3 stride 1 on one
-thread: 9.5 ms with the run kernel, 4.1 ms). Multipliers M > 1 expand each input row
-once into a ring with every channel repeated M times (and BackpropInput reduces over the
-multiplier per pixel); both loops vectorise for M = 2, which halved the 5x5 M = 2
-forward on Zen 3. When C * M is whole lane vectors the forward's ring is blocked by lane
-vector (``_row_offset_blocked``: a lane vector's pixels in consecutive lines) and each
-output row's 4-pixel blocks go lane vector by lane vector, so the lines one sweep reads
-stay in L1 from block to block; in the pixel-major layout a block's 8 pixels x 5 rows of
-every lane vector fill L1 and the 768-byte pixel stride defeats the prefetchers (5x5
-M = 2 forward on Zen 3: 34-36% of the multiply throughput -> 41-48%, ~20% faster).
-BackpropInput with M > 1 reads its out_backprop rows from such a ring too (a reorder
-of g's rows, nothing repeated) and sweeps the same way (5x5 M = 2 on Zen 3: 6-14% faster
-on two threads, 1-2% on one quiet thread, ~17% beside another process); the sweep over the
-pixel-major rows without the ring had made it 1.4-4x slower, and the ring with a row
-buffer for M = 1 left stride 1 as it was and made stride 2 2.6x slower. The
-blocked ring gave BackpropFilter (already lane vector by lane vector) ~5% at 5x5 M = 2
-while its M = 1 path lost ~6%: measured and left out. Each element's
-arithmetic is the same as in the kernels above. The forward and (M = 1) BackpropInput
-ones write outputs of 4 MiB or more whose pixels are whole 64-byte lines with
-non-temporal stores (``_simd.stream_output``): no read-for-ownership of lines that are
-only written, a third of a stride-1 op's traffic.
+thread: 9.5 ms with the run kernel, 4.1 ms). Where a pixel is exactly two lane vectors
+(C * M = 32 float32 / 16 float64) and both vectors' accumulators fit (3x3 and smaller on
+AVX-512), one sweep takes the pair: each input row passes through L1 once per output
+row, not once per lane vector (3x3 stride 2, 32 channels: 0.94-1.01 -> 0.76-0.78 ms on
+NumPy's inputs 16 bytes off a line; pairs of 128 channels' vectors were up to 10% slower).
+Multipliers M > 1 expand each input row once into a ring with every channel repeated M
+times (and BackpropInput reduces over the multiplier per pixel); both loops vectorise
+for M = 2, which halved the 5x5 M = 2 forward on Zen 3. When C * M is whole lane vectors
+the forward's ring is blocked by lane vector (``_row_offset_blocked``: a lane vector's
+pixels in consecutive lines) and each output row's 4-pixel blocks go lane vector by lane
+vector, so the lines one sweep reads stay in L1 from block to block; in the pixel-major
+layout a block's 8 pixels x 5 rows of every lane vector fill L1 and the 768-byte pixel
+stride defeats the prefetchers (5x5 M = 2 forward on Zen 3: 34-36% of the multiply
+throughput -> 41-48%, ~20% faster). BackpropInput with M > 1 reads its out_backprop rows
+from such a ring too (a reorder of g's rows, nothing repeated) and sweeps the same way
+(5x5 M = 2 on Zen 3: 6-14% faster on two threads, 1-2% on one quiet thread, ~17% beside
+another process); the sweep over the pixel-major rows without the ring had made it
+1.4-4x slower, and the ring with a row buffer for M = 1 left stride 1 as it was and made
+stride 2 2.6x slower. The blocked ring gave BackpropFilter (already lane vector by lane
+vector) ~5% at 5x5 M = 2 while its M = 1 path lost ~6%: measured and left out. Each
+element's arithmetic is the same as in the kernels above. The forward and (M = 1)
+BackpropInput ones write outputs of 4 MiB or more whose pixels are whole 64-byte lines
+with non-temporal stores (``_simd.stream_output``): no read-for-ownership of lines that
+are only written, a third of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -1291,40 +1295,61 @@ def _store_row(bf, b, CM, FW, a):  # type: ignore[no-untyped-def]
 
 @njit(forceinline=True)
 def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, pl, tc, dw, W,  # type: ignore[no-untyped-def]  # noqa: E501
-                 pg, px, npx, WC):
+                 pg, px, npx, WC, two, NL):
     """Output columns [ja, jb) of one output row into the accumulators of nr (<= 3)
-    filter rows for one lane vector, kept in registers over the columns. pg >= 0:
-    prefetch the lines the next output row will read at these columns and lanes: its
-    out_backprop row (at pg) and npx (<= 2) new input rows (at px, px + WC)."""
+    filter rows for one lane vector (``two``: and the next, ch + NL), kept in registers
+    over the columns. pg >= 0: prefetch the lines the next output row will read at these
+    columns and lanes: its out_backprop row (at pg) and npx (<= 2) new input rows (at px,
+    px + WC)."""
     z = vzeros(gf)
+    zr = (z, z, z, z, z, z, z)
     rs = FW * CM
     r0 = _load_row(bf, b, CM, FW, z)
-    r1 = _load_row(bf, b + rs, CM, FW, z) if nr > 1 else (z, z, z, z, z, z, z)
-    r2 = _load_row(bf, b + 2 * rs, CM, FW, z) if nr > 2 else (z, z, z, z, z, z, z)
+    r1 = _load_row(bf, b + rs, CM, FW, z) if nr > 1 else zr
+    r2 = _load_row(bf, b + 2 * rs, CM, FW, z) if nr > 2 else zr
+    q0 = _load_row(bf, b + NL, CM, FW, z) if two else zr
+    q1 = _load_row(bf, b + NL + rs, CM, FW, z) if two and nr > 1 else zr
+    q2 = _load_row(bf, b + NL + 2 * rs, CM, FW, z) if two and nr > 2 else zr
     for j in range(ja, jb):
         gv = vload(gf, go + j * CM + ch)
         j0 = j * sw - pl
         xi = j0 * CM + ch
         if pg >= 0:
-            prefetch(gf, pg + j * CM + ch)
-            if npx > 0:
-                prefetch(src, px + xi)
-                if sw > 1:
-                    prefetch(src, px + xi + CM)
-            if npx > 1:
-                prefetch(src, px + WC + xi)
-                if sw > 1:
-                    prefetch(src, px + WC + xi + CM)
+            for e in range(0, 2 * NL if two else NL, NL):
+                prefetch(gf, pg + j * CM + ch + e)
+                if npx > 0:
+                    prefetch(src, px + xi + e)
+                    if sw > 1:
+                        prefetch(src, px + xi + CM + e)
+                if npx > 1:
+                    prefetch(src, px + WC + xi + e)
+                    if sw > 1:
+                        prefetch(src, px + WC + xi + CM + e)
         r0 = _filter_row(r0, gv, src, ro[0] + xi, tc, FW, check, ok[0], j0, dw, W)
         if nr > 1:
             r1 = _filter_row(r1, gv, src, ro[1] + xi, tc, FW, check, ok[1], j0, dw, W)
         if nr > 2:
             r2 = _filter_row(r2, gv, src, ro[2] + xi, tc, FW, check, ok[2], j0, dw, W)
+        if two:
+            hv = vload(gf, go + j * CM + ch + NL)
+            q0 = _filter_row(q0, hv, src, ro[0] + xi + NL, tc, FW, check, ok[0], j0, dw, W)
+            if nr > 1:
+                q1 = _filter_row(q1, hv, src, ro[1] + xi + NL, tc, FW, check, ok[1], j0, dw,
+                                 W)
+            if nr > 2:
+                q2 = _filter_row(q2, hv, src, ro[2] + xi + NL, tc, FW, check, ok[2], j0, dw,
+                                 W)
     _store_row(bf, b, CM, FW, r0)
     if nr > 1:
         _store_row(bf, b + rs, CM, FW, r1)
     if nr > 2:
         _store_row(bf, b + 2 * rs, CM, FW, r2)
+    if two:
+        _store_row(bf, b + NL, CM, FW, q0)
+        if nr > 1:
+            _store_row(bf, b + NL + rs, CM, FW, q1)
+        if nr > 2:
+            _store_row(bf, b + NL + 2 * rs, CM, FW, q2)
 
 
 def _filter_rows_per_sweep(FW: int) -> int:
@@ -1337,14 +1362,16 @@ def _filter_rows_per_sweep(FW: int) -> int:
 
 def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     NR = _filter_rows_per_sweep(FW)
+    PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
 
     @njit(nogil=True, cache=True)
     def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
-        lane vector and group of NR (up to three) filter rows, those rows' taps'
-        accumulators (up to 21 vectors) stay in registers over the output columns, taken
-        in order (padding taps add g * 0). One sweep of the columns feeds every tap of the group,
-        so each out_backprop vector is loaded once per group, not once per filter row."""
+        lane vector (or pair, PAIR) and group of NR (up to three) filter rows, those rows'
+        taps' accumulators (up to 21 vectors) stay in registers over the output columns,
+        taken in order (padding taps add g * 0). One sweep of the columns feeds every tap
+        of the group, so each out_backprop vector is loaded once per group, not once per
+        filter row."""
         N, H, W, C = x.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
         M = CM // C
@@ -1383,13 +1410,27 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                             last = i * sh - pt + (FH - 1) * dh  # row i's last input row
                             px = (n * H + last + 1) * W * C
                             npx = max(0, min(sh, 2, H - 1 - last))
-                    for ch in range(0, CV, NL):
+                    ch = 0
+                    while ch < CV:
+                        if PAIR and CM == 2 * NL:  # a sweep takes whole pixels
+                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
+                                         True, 0, ja, sw, pl, tc, dw, W, -1, 0, 0, 0, True,
+                                         NL)
+                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
+                                         False, ja, jb, sw, pl, tc, dw, W, pg, px, npx,
+                                         W * C, True, NL)
+                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
+                                         True, jb, ow, sw, pl, tc, dw, W, -1, 0, 0, 0, True,
+                                         NL)
+                            ch += 2 * NL
+                            continue
                         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, True,
-                                     0, ja, sw, pl, tc, dw, W, -1, 0, 0, 0)
+                                     0, ja, sw, pl, tc, dw, W, -1, 0, 0, 0, False, NL)
                         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, False,
-                                     ja, jb, sw, pl, tc, dw, W, pg, px, npx, W * C)
+                                     ja, jb, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL)
                         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, True,
-                                     jb, ow, sw, pl, tc, dw, W, -1, 0, 0, 0)
+                                     jb, ow, sw, pl, tc, dw, W, -1, 0, 0, 0, False, NL)
+                        ch += NL
                     for k in range(nr):  # lanes past the last full vector
                         for c in range(FW):
                             e = b + (k * FW + c) * CM
