@@ -1352,6 +1352,20 @@ def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, 
             _store_row(bf, b + NL + 2 * rs, CM, FW, q2)
 
 
+@njit(forceinline=True)
+def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, tc, dw, W,  # type: ignore[no-untyped-def]  # noqa: E501
+                  pg, px, npx, WC, two, NL):
+    """All ow output columns of one output row for lane vector ch (``two``: and ch + NL):
+    the border columns [0, ja) and [jb, ow) with each tap's pixel checked, the inside
+    ones unchecked and prefetching the next output row's lines."""
+    _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw, W,
+                 -1, 0, 0, 0, two, NL)
+    _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, False, ja, jb, sw, pl, tc, dw,
+                 W, pg, px, npx, WC, two, NL)
+    _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, jb, ow, sw, pl, tc, dw, W,
+                 -1, 0, 0, 0, two, NL)
+
+
 def _filter_rows_per_sweep(FW: int) -> int:
     """Filter rows whose tap accumulators share one sweep of out_backprop: as many (up to
     3) as fit in the vector registers beside the operands. On AVX2 a vector takes two of
@@ -1410,27 +1424,15 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                             last = i * sh - pt + (FH - 1) * dh  # row i's last input row
                             px = (n * H + last + 1) * W * C
                             npx = max(0, min(sh, 2, H - 1 - last))
-                    ch = 0
-                    while ch < CV:
-                        if PAIR and CM == 2 * NL:  # a sweep takes whole pixels
-                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
-                                         True, 0, ja, sw, pl, tc, dw, W, -1, 0, 0, 0, True,
-                                         NL)
-                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
-                                         False, ja, jb, sw, pl, tc, dw, W, pg, px, npx,
-                                         W * C, True, NL)
-                            _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW,
-                                         True, jb, ow, sw, pl, tc, dw, W, -1, 0, 0, 0, True,
-                                         NL)
-                            ch += 2 * NL
+                    for ch in range(0, CV, NL):
+                        if PAIR and CM == 2 * NL:  # one sweep takes whole pixels (an
+                            if ch == 0:  # if / else around the loop compiled 10% slower)
+                                _filter_sweep(bf, gf, src, go, 0, CM, ro, ok, nr, b, FW, ja,
+                                              jb, ow, sw, pl, tc, dw, W, pg, px, npx, W * C,
+                                              True, NL)
                             continue
-                        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, True,
-                                     0, ja, sw, pl, tc, dw, W, -1, 0, 0, 0, False, NL)
-                        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, False,
-                                     ja, jb, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL)
-                        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, True,
-                                     jb, ow, sw, pl, tc, dw, W, -1, 0, 0, 0, False, NL)
-                        ch += NL
+                        _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, ja, jb,
+                                      ow, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL)
                     for k in range(nr):  # lanes past the last full vector
                         for c in range(FW):
                             e = b + (k * FW + c) * CM
