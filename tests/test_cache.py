@@ -52,7 +52,7 @@ def test_cached_kernels_close_over_plain_values_only():
     """The cause above, for every cached kernel (the depthwise variants are built on
     first use: all of them are built here, which compiles nothing)."""
     for kind, flags in (("forward", [(False,), (True,)]),
-                        ("backprop_input", list(itertools.product((False, True), repeat=2))),
+                        ("backprop_input", list(itertools.product((False, True), repeat=3))),
                         ("backprop_filter", [()])):
         for (fh, fw), fl in itertools.product(depthwise_conv._VEC_SIZES, flags):
             depthwise_conv._vec_kernel(kind, fh, fw, depthwise_conv.NONE, *fl)

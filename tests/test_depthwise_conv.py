@@ -182,17 +182,21 @@ def test_backprop_filter_lane_vector_pairs_equal_reference(dtype, C, M, f, s, d,
 
 
 @pytest.mark.parametrize("dtype, C, M", [("float32", 8, 2), ("float64", 4, 2), ("float32", 16, 3),
-                                         ("float64", 2, 4), ("float32", 12, 4)])
+                                         ("float64", 2, 4), ("float32", 12, 4),
+                                         ("float32", 16, 2), ("float64", 8, 2),
+                                         ("float32", 24, 2)])
 @pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (3, 1, 1, "SAME"),
                                               (3, 2, 1, "SAME"), (3, 1, 2, "SAME"),
                                               (2, 3, 2, "VALID")])
 def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, padding):
     """With M > 1 and whole lane vectors (C * M a multiple of 16 float32 / 8 float64
-    lanes) the forward reads its input rows, and BackpropInput its out_backprop rows,
-    from a ring blocked by lane vector and sweeps the 4-pixel blocks lane vector by lane
-    vector (_row_offset_blocked; the forward's M = 2 duplicates with vload_dup2, other M
-    lane by lane): the same bits as the reference, borders, strides, dilations and
-    flushed -0 sums included, streamed or not."""
+    lanes) BackpropInput reads its out_backprop rows, and with M = 2 the forward and
+    BackpropFilter their input rows (duplicated with vload_dup2), from a ring blocked by
+    lane vector (_row_offset_blocked; other M: the pixel-major ring); BackpropInput's
+    blocks with M = 2 on an even number of lane vectors (AVX-512) take two at a time and
+    sum the multiplier pairs into the output themselves (vpairsum), its last pixels
+    through the per-lane scratch: the same bits as the reference, borders, strides,
+    dilations and flushed -0 sums included, streamed or not."""
     rng = np.random.default_rng(C * M + f)
     attrs = {"padding": padding, "strides": [1, s, s, 1], "dilations": [1, d, d, 1]}
     xs = (2, 11, 23, C)
@@ -213,15 +217,22 @@ def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, paddin
         rg = np.random.default_rng(C * M + f + 1)
         g = _cancelling(rg, a.shape, dtype) if cancelling else rg.standard_normal(
             a.shape).astype(dtype)
-        out = {}  # (M > 1: BackpropInput is never streamed)
-        for impl in ("kernel", "reference"):
-            with tfgrad.use_impl(impl):
-                out[impl] = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
-        oracle.assert_same(out["kernel"], out["reference"], what="backprop_input " + what)
-        assert ("backprop_input", f, f, False, True) in K._VEC_KERNELS
+        with tfgrad.use_impl("reference"):
+            bi = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
+            bf = BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs)
+        for stream in (0, 1 << 62):  # (M = 2: the pair blocks stream their stores)
+            monkeypatch.setattr(K, "_STREAM_MIN_BYTES", stream)
+            with tfgrad.use_impl("kernel"):
+                out = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
+            oracle.assert_same(out, bi, what=f"backprop_input {what} stream={stream}")
+            streamed = stream == 0 and M == 2 and C * np.dtype(dtype).itemsize % 64 == 0
+            assert ("backprop_input", f, f, False, True, streamed) in K._VEC_KERNELS
+        with tfgrad.use_impl("kernel"):
+            oracle.assert_same(BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs),
+                               bf, what="backprop_filter " + what)
         if cancelling:  # (the flushed sums are exercised)
             assert (np.signbit(a) & (a == 0)).any()
-            assert (out["kernel"] == 0).any()
+            assert (out == 0).any()
 
 
 @pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
@@ -235,7 +246,7 @@ def test_streamed_outputs(monkeypatch, dtype, C):
     g = rng.standard_normal((2, 9, 13, C)).astype(dtype)
     _kernel_equals_reference(x, w, g, {"padding": "SAME", "strides": [1, 1, 1, 1]}, dtype)
     assert ("forward", 3, 3, True) in K._VEC_KERNELS
-    assert ("backprop_input", 3, 3, True, False) in K._VEC_KERNELS
+    assert ("backprop_input", 3, 3, True, False, False) in K._VEC_KERNELS
     with tfgrad.use_impl("kernel"):
         assert FWD(input=x, filter=w, padding="SAME", strides=[1, 1, 1, 1]).ctypes.data % 64 == 0
 

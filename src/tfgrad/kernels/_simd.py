@@ -176,6 +176,24 @@ def vload_dup2(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vpairsum(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """(0 + x[2k]) + x[2k + 1] in lane k, x being a's lanes then b's: neighbouring lanes
+    summed in pairs as TF sums a multiplier of 2 (from +0, so -0 + -0 gives +0)."""
+    if not (isinstance(a, Vec) and b == a):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        n = a.lanes
+        idx = ir.VectorType(ir.IntType(32), n)
+        even = builder.shuffle_vector(args[0], args[1], ir.Constant(idx, list(range(0, 2 * n, 2))))
+        odd = builder.shuffle_vector(args[0], args[1], ir.Constant(idx, list(range(1, 2 * n, 2))))
+        zero = ir.Constant(_llvm_type(a), [0.0] * n)
+        return builder.fadd(builder.fadd(zero, even), odd)
+
+    return a(a, b), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     """arr.flat[i:i + lanes] = v."""
     vt = _vec_of(arr)
