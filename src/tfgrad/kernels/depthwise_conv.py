@@ -1419,13 +1419,17 @@ def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl
                   pg, px, npx, WC, two, NL, XS, XQ):
     """All ow output columns of one output row for lane vector ch (``two``: and ch + NL):
     the border columns [0, ja) and [jb, ow) with each tap's pixel checked, the inside
-    ones unchecked and prefetching the next output row's lines."""
-    _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw, W,
-                 -1, 0, 0, 0, two, NL, XS, XQ)
+    ones unchecked and prefetching the next output row's lines. An empty border range
+    is not called: its accumulators' loads and stores cost the 5x5 M = 2 op 11% (the
+    same test inside _filter_cols, an early return, made it 1.4x slower)."""
+    if ja > 0:
+        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw,
+                     W, -1, 0, 0, 0, two, NL, XS, XQ)
     _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, False, ja, jb, sw, pl, tc, dw,
                  W, pg, px, npx, WC, two, NL, XS, XQ)
-    _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, jb, ow, sw, pl, tc, dw, W,
-                 -1, 0, 0, 0, two, NL, XS, XQ)
+    if jb < ow:
+        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, jb, ow, sw, pl, tc, dw,
+                     W, -1, 0, 0, 0, two, NL, XS, XQ)
 
 
 def _filter_rows_per_sweep(FW: int) -> int:
