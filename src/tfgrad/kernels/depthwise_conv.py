@@ -53,12 +53,12 @@ blocked, their expansion went lane by lane and made the forward 1.7-3.3x slower 
 4.) BackpropFilter, which sweeps lane vector by lane vector anyway, reads its M = 2
 input rows from the same blocked ring (5x5 M = 2 on Zen 4: 1.59 -> 1.44 ms; an earlier
 trial that also changed the M = 1 path gained ~5% there and lost ~6% at M = 1, which
-here keeps x's own layout). BackpropInput
-with M > 1 reads its out_backprop rows from such a ring too (a reorder of g's rows,
-nothing repeated) and sweeps the same way (5x5 M = 2 on Zen 3: 6-14% faster on two
-threads, 1-2% on one quiet thread, ~17% beside another process); the sweep over the
-pixel-major rows without the ring had made it 1.4-4x slower, and the ring with a row
-buffer for M = 1 left stride 1 as it was and made stride 2 2.6x slower. With M = 2 on an
+here keeps x's own layout). BackpropInput with M > 1 reads its out_backprop rows from
+such a ring too (a reorder of g's rows, nothing repeated) and sweeps the same way (5x5
+M = 2 on Zen 3: 6-14% faster on two threads, 1-2% on one quiet thread, ~17% beside
+another process); the sweep over the pixel-major rows without the ring had made it
+1.4-4x slower, and the ring with a row buffer for M = 1 left stride 1 as it was and made
+stride 2 2.6x slower. With M = 2 on an
 even number of lane vectors (AVX-512) its blocks take two lane vectors at once and add
 each pixel's multiplier pairs themselves (``vpairsum``), writing the output directly
 instead of through a per-lane scratch and a pass over it (5x5 M = 2 on Zen 4: 1.41 ->
@@ -862,6 +862,15 @@ def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[
 
 
 @njit(inline="always")
+def _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked):  # type: ignore[no-untyped-def]
+    """Input row (n, ii)'s offset in the kernel's source: _row_offset_blocked when
+    ``blocked`` (M = 2 on whole lane vectors), else _row_offset."""
+    if blocked:
+        return _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags)
+    return _row_offset(xf, n, ii, H, W, C, M, ring, tags)
+
+
+@njit(inline="always")
 def _prefetch_step(pn, parts):  # type: ignore[no-untyped-def]
     """Elements per part (whole 16-element steps) when pn elements' prefetches are
     spread over ``parts`` blocks of work."""
@@ -974,10 +983,8 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
                 rowok[r] = 0 <= ii < H
                 if not rowok[r]:
                     allok = False
-                elif blocked:
-                    rowoff[r] = _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags)
                 else:
-                    rowoff[r] = _row_offset(xf, n, ii, H, W, C, M, ring, tags)
+                    rowoff[r] = _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
             ob = (n * oh + i) * ow * CM
             j = 0
             while j < ow:
@@ -1063,6 +1070,16 @@ def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
+def _sum_pairs(of, o, per, p, n, zero):  # type: ignore[no-untyped-def]
+    """of[o + e] = (0 + per[p + 2e]) + per[p + 2e + 1] for e < n: a multiplier of 2
+    summed in _reduce_multiplier's order (M < plane); unsigned, so that it vectorises."""
+    u = np.uint64
+    o, p = u(o), u(p)
+    for e in range(u(n)):
+        of[o + e] = (zero + per[p + u(2) * e]) + per[p + u(2) * e + u(1)]
+
+
+@njit(inline="always")
 def _g4(gs, check, oj, ow, a, GS):  # type: ignore[no-untyped-def]
     """_g_at for out_backprop columns oj .. oj + 3 (at a, a + GS, ...)."""
     return (_g_at(gs, check, oj, ow, a), _g_at(gs, check, oj + 1, ow, a + GS),
@@ -1130,16 +1147,16 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
             vput(dst, o + ps + k, vpairsum(v1, q1), stream)
             vput(dst, o + 2 * ps + k, vpairsum(v2, q2), stream)
             vput(dst, o + 3 * ps + k, vpairsum(v3, q3), stream)
-            v0 = vmin_bits(vmin_bits(v0, q0), vmin_bits(v1, q1))
-            v1 = vmin_bits(vmin_bits(v2, q2), vmin_bits(v3, q3))
-            v2 = v3 = v1
+            m = vmin_bits(vmin_bits(vmin_bits(v0, q0), vmin_bits(v1, q1)),
+                          vmin_bits(vmin_bits(v2, q2), vmin_bits(v3, q3)))
         else:
             vput(dst, o + ch, v0, stream)
             vput(dst, o + ps + ch, v1, stream)
             vput(dst, o + 2 * ps + ch, v2, stream)
             vput(dst, o + 3 * ps + ch, v3, stream)
+            m = vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3))
         # (a bool: a vector carried from block to block would hold two more registers)
-        neg = neg or vhas_negzero(vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3)))
+        neg = neg or vhas_negzero(m)
     return neg
 
 
@@ -1283,22 +1300,15 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
                             dst[db + (ph + up * sw) * CM + ch] = s_
                             neg = neg or _negzero(s_)
                     u = u1
-                if pair:  # (0 + a) + b, as vpairsum, for the pixels left to per
+                if pair:  # the pixels left to per
                     for up in range(u2, Up):
                         jj = ph + up * sw
-                        for k in range(C):
-                            of[o0 + jj * C + k] = ((zero + per[jj * CM + 2 * k])
-                                                   + per[jj * CM + 2 * k + 1])
+                        _sum_pairs(of, o0 + jj * C, per, jj * CM, C, zero)
             # (M > 1: a -0 among the per-lane sums; they are TF's bits when none is)
             negz[t] = neg
-            if pair:
-                pass
-            elif M == 2:  # (0 + a) + b: _reduce_multiplier's order (M < plane), vectorised
-                u_ = np.uint64
-                ou = u_(o0)
-                for e in range(u_(W * C)):
-                    of[ou + e] = (zero + per[u_(2) * e]) + per[u_(2) * e + u_(1)]
-            elif M > 1:  # reduce over the multiplier
+            if M == 2 and not pair:
+                _sum_pairs(of, o0, per, 0, W * C, zero)
+            elif M > 2:  # reduce over the multiplier
                 for jj in range(W):
                     for k in range(C):
                         of[o0 + jj * C + k] = _reduce_multiplier(per, jj * CM + k * M, M,
@@ -1486,12 +1496,8 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                     for k in range(nr):
                         ii = i * sh - pt + (rg + k) * dh
                         ok[k] = 0 <= ii < H
-                        if not ok[k]:
-                            ro[k] = 0
-                        elif blocked:
-                            ro[k] = _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags)
-                        else:
-                            ro[k] = _row_offset(xf, n, ii, H, W, C, M, ring, tags)
+                        ro[k] = (_ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
+                                 if ok[k] else 0)
                         inside = inside and ok[k]
                     ja, jb = (J0, J1) if inside else (ow, ow)
                     b = rg * FW * CM
