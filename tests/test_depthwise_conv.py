@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
+from tfgrad.kernels import _pool
 from tfgrad.kernels import depthwise_conv as K
 from tfgrad.ops.depthwise_conv import window
 
@@ -632,22 +633,57 @@ def test_results_do_not_depend_on_thread_count():
     assert len(digests[0]) == len(hashlib.sha256().hexdigest())
 
 
+def _chunk_kernel(seen: list[tuple[int, int]]):
+    """A Python kernel for _run: records the chunks it claims; "fail" raises in task 5."""
+
+    def kernel(tag, ctl, size, ntasks):
+        cur = np.zeros(2, np.int64)
+        while _pool.claim(ctl, size, ntasks, cur):
+            seen.append((int(cur[0]), int(cur[1])))
+            if tag == "fail" and cur[0] <= 5 < cur[1]:
+                raise ValueError("task 5")
+
+    return kernel
+
+
 def test_run_covers_every_task_once(monkeypatch):
     """_run: each task in exactly one chunk, on the pool or (small work) inline, and a
     kernel's exception comes back to the caller."""
     seen: list[tuple[int, int]] = []
-
-    def kernel(tag, t0, t1):
-        seen.append((t0, t1))
-        if tag == "fail" and t0 <= 5 < t1:
-            raise ValueError("task 5")
-
+    kernel = _chunk_kernel(seen)
     K._run(kernel, 37, K._INLINE_WORK - 1, "ok")
     assert seen == [(0, 37)]
     monkeypatch.setattr(K, "_threads", lambda work: 3)
-    seen.clear()
-    K._run(kernel, 37, K._INLINE_WORK, "ok")
-    tasks = sorted(t for t0, t1 in seen for t in range(t0, t1))
-    assert tasks == list(range(37)) and len(seen) > 2
+    for _ in range(20):  # (the pool threads join at different points)
+        seen.clear()
+        K._run(kernel, 37, K._INLINE_WORK, "ok")
+        tasks = sorted(t for t0, t1 in seen for t in range(t0, t1))
+        assert tasks == list(range(37)) and len(seen) > 2
     with pytest.raises(ValueError, match="task 5"):
         K._run(kernel, 37, K._INLINE_WORK, "fail")
+    seen.clear()
+    K._run(kernel, 37, K._INLINE_WORK, "ok")  # the pool still serves the next op
+    assert sorted(t for t0, t1 in seen for t in range(t0, t1)) == list(range(37))
+
+
+def test_pool_threads_that_sleep_give_the_same_bits(monkeypatch):
+    """With no spinning (pool threads asleep between ops, the caller asleep while they
+    finish) and while another op holds the pool (this one then runs on the caller alone),
+    the ops give the bits the calling thread alone gives."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 21, 19, 32), dtype=np.float32)
+    w = rng.standard_normal((3, 3, 32, 2), dtype=np.float32)
+    kw = dict(strides=[1, 2, 2, 1], padding="SAME")
+    monkeypatch.setattr(K, "_INLINE_WORK", 0)
+    monkeypatch.setattr(K, "_threads", lambda work: 1)
+    want = tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **kw)
+    monkeypatch.setattr(K, "_threads", lambda work: 2)
+    pool = _pool._pool(1)
+    monkeypatch.setattr(pool, "idle_ticks", 0)
+    monkeypatch.setattr(pool, "wait_ticks", 0)
+    for _ in range(5):
+        np.testing.assert_array_equal(
+            tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **kw), want)
+    with pool.busy:  # the pool is another op's: this one runs on the caller alone
+        np.testing.assert_array_equal(
+            tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **kw), want)

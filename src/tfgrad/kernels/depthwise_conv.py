@@ -71,20 +71,18 @@ float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 /
 rounding to the half type after every step (one term at a time), as Eigen's half packets
 do; the results are then exactly representable in T.
 
-Threads: the kernels are ``njit(nogil=True, cache=True)`` over a range of tasks, and
-``_run`` hands chunks of tasks to ``numba.get_num_threads()`` threads as they come free,
-instead of ``parallel=True`` loops: on a loaded machine Numba's OpenMP layer splits the
-work statically and ends on a barrier that waits for a descheduled thread (an op that
-takes 12 ms on one thread took a steady 48 ms on two). Ops under 1M multiply-adds run
-on the calling thread alone: waking a pool thread costs ~70 us on a VM, more than they
-take. No result depends on the chunking or the thread count.
+Threads: the kernels are ``njit(nogil=True, cache=True)`` functions that claim chunks
+of tasks (output or input rows, or images) from a shared counter until none is left
+(``_pool.claim``), run at once on the calling thread and on ``numba.get_num_threads() -
+1`` pool threads (``_pool``), instead of ``parallel=True`` loops: on a loaded machine
+Numba's OpenMP layer splits the work statically and ends on a barrier that waits for a
+descheduled thread (an op that takes 12 ms on one thread took a steady 48 ms on two).
+Ops under 1M multiply-adds run on the calling thread alone: waking a pool thread costs
+~70 us on a VM, more than they take. No result depends on the chunking or the thread count.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numba
@@ -93,7 +91,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .._fpenv import flush_this_thread
+from ._pool import claim
+from ._pool import run as _pool_run
 from ._simd import (
     HOST_AVX512,
     STREAM_MIN_BYTES,
@@ -292,7 +291,7 @@ def _tap_range(off, sw, W, ow):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
     """One task per output row. The taps of each filter row are applied G at a time
     (in row-major order) in contiguous runs over (pixel, lane) where all G taps fall
     inside the input; the pixels at the borders take them one by one, padding taps
@@ -309,74 +308,76 @@ def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, t0, t1):  
     of = out.reshape(N, oh, ow * CM)
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, x.dtype)[0]
-    for t in range(t0, t1):
-        n, i = t // oh, t % oh
-        orow = of[n, i]
-        orow[:] = zero
-        xb = np.empty((sw, 0 if direct else U * CM), x.dtype)
-        for r in range(fh):
-            ii = i * sh - pt + r * dh
-            if not 0 <= ii < H:  # a padding row: every tap adds 0 * w
-                for c in range(fw):
-                    wt = wf[r, c]
-                    for j in range(ow):
-                        a = orow[j * CM:(j + 1) * CM]
-                        for ch in range(CM):
-                            a[ch] = a[ch] + zero * wt[ch]
-                    if mode != NONE:
-                        _round_all(orow, mode)
-                continue
-            if not direct:
-                _split_row(x, n, ii, M, sw, xb)
-            rowb = x4[n, ii] if direct else xb
-            for c0 in range(0, fw, G):
-                nt = min(G, fw - c0)
-                J0, J1 = 0, ow
-                for c in range(c0, c0 + nt):
-                    j0, j1 = _tap_range(c * dw - pl, sw, W, ow)
-                    J0, J1 = max(J0, j0), min(J1, j1)
-                J1 = max(J0, J1)
-                # Term k is tap c0 + k (clamped: unused terms repeat the last one).
-                o0, o1 = c0 * dw - pl, (c0 + min(1, nt - 1)) * dw - pl
-                o2, o3 = (c0 + min(2, nt - 1)) * dw - pl, (c0 + min(3, nt - 1)) * dw - pl
-                p0, p1, p2, p3 = o0 % sw, o1 % sw, o2 % sw, o3 % sw
-                u0, u1 = (o0 - p0) // sw, (o1 - p1) // sw
-                u2, u3 = (o2 - p2) // sw, (o3 - p3) // sw
-                for jc in range(J0, J1, JT):
-                    L = (min(J1, jc + JT) - jc) * CM
-                    _mac(orow[jc * CM:jc * CM + L],
-                         rowb[p0, (jc + u0) * CM:(jc + u0) * CM + L],
-                         wtile[r, c0, :L],
-                         rowb[p1, (jc + u1) * CM:(jc + u1) * CM + L],
-                         wtile[r, c0 + min(1, nt - 1), :L],
-                         rowb[p2, (jc + u2) * CM:(jc + u2) * CM + L],
-                         wtile[r, c0 + min(2, nt - 1), :L],
-                         rowb[p3, (jc + u3) * CM:(jc + u3) * CM + L],
-                         wtile[r, c0 + min(3, nt - 1), :L], nt, L)
-                    if mode != NONE:
-                        _round_all(orow[jc * CM:jc * CM + L], mode)
-                for j in range(ow):  # the border pixels, tap by tap
-                    if J0 <= j < J1:
-                        continue
-                    a = orow[j * CM:(j + 1) * CM]
-                    for c in range(c0, c0 + nt):
-                        jj = j * sw + c * dw - pl
+    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            n, i = t // oh, t % oh
+            orow = of[n, i]
+            orow[:] = zero
+            xb = np.empty((sw, 0 if direct else U * CM), x.dtype)
+            for r in range(fh):
+                ii = i * sh - pt + r * dh
+                if not 0 <= ii < H:  # a padding row: every tap adds 0 * w
+                    for c in range(fw):
                         wt = wf[r, c]
-                        if 0 <= jj < W:
-                            xr = rowb[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
-                            for ch in range(CM):
-                                a[ch] = a[ch] + xr[ch] * wt[ch]
-                        else:
+                        for j in range(ow):
+                            a = orow[j * CM:(j + 1) * CM]
                             for ch in range(CM):
                                 a[ch] = a[ch] + zero * wt[ch]
                         if mode != NONE:
-                            _round_all(a, mode)
-        if dh > 1 or dw > 1:
-            negz[t] = _any_negzero(orow)
+                            _round_all(orow, mode)
+                    continue
+                if not direct:
+                    _split_row(x, n, ii, M, sw, xb)
+                rowb = x4[n, ii] if direct else xb
+                for c0 in range(0, fw, G):
+                    nt = min(G, fw - c0)
+                    J0, J1 = 0, ow
+                    for c in range(c0, c0 + nt):
+                        j0, j1 = _tap_range(c * dw - pl, sw, W, ow)
+                        J0, J1 = max(J0, j0), min(J1, j1)
+                    J1 = max(J0, J1)
+                    # Term k is tap c0 + k (clamped: unused terms repeat the last one).
+                    o0, o1 = c0 * dw - pl, (c0 + min(1, nt - 1)) * dw - pl
+                    o2, o3 = (c0 + min(2, nt - 1)) * dw - pl, (c0 + min(3, nt - 1)) * dw - pl
+                    p0, p1, p2, p3 = o0 % sw, o1 % sw, o2 % sw, o3 % sw
+                    u0, u1 = (o0 - p0) // sw, (o1 - p1) // sw
+                    u2, u3 = (o2 - p2) // sw, (o3 - p3) // sw
+                    for jc in range(J0, J1, JT):
+                        L = (min(J1, jc + JT) - jc) * CM
+                        _mac(orow[jc * CM:jc * CM + L],
+                             rowb[p0, (jc + u0) * CM:(jc + u0) * CM + L],
+                             wtile[r, c0, :L],
+                             rowb[p1, (jc + u1) * CM:(jc + u1) * CM + L],
+                             wtile[r, c0 + min(1, nt - 1), :L],
+                             rowb[p2, (jc + u2) * CM:(jc + u2) * CM + L],
+                             wtile[r, c0 + min(2, nt - 1), :L],
+                             rowb[p3, (jc + u3) * CM:(jc + u3) * CM + L],
+                             wtile[r, c0 + min(3, nt - 1), :L], nt, L)
+                        if mode != NONE:
+                            _round_all(orow[jc * CM:jc * CM + L], mode)
+                    for j in range(ow):  # the border pixels, tap by tap
+                        if J0 <= j < J1:
+                            continue
+                        a = orow[j * CM:(j + 1) * CM]
+                        for c in range(c0, c0 + nt):
+                            jj = j * sw + c * dw - pl
+                            wt = wf[r, c]
+                            if 0 <= jj < W:
+                                xr = rowb[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
+                                for ch in range(CM):
+                                    a[ch] = a[ch] + xr[ch] * wt[ch]
+                            else:
+                                for ch in range(CM):
+                                    a[ch] = a[ch] + zero * wt[ch]
+                            if mode != NONE:
+                                _round_all(a, mode)
+            if dh > 1 or dw > 1:
+                negz[t] = _any_negzero(orow)
 
 
 @njit(nogil=True, cache=True)
-def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
     """BackpropInput for a finite float32 / float64 filter: a tap that meets no
     out_backprop value adds w * 0 = +-0, which leaves the accumulator unchanged unless
     it is a flushed -0, so only the taps that hit are computed, and rows that end with a
@@ -393,71 +394,73 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
     gf = g.reshape(N, oh, ow * CM)
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    for t in range(t0, t1):
-        n, ii = t // H, t % H
-        acc = np.zeros((sw, U * CM), w.dtype)  # pixel jj at [jj % sw, (jj // sw) * CM]
-        taps = np.empty(max(fw, 1), np.int64)
-        for r in range(fh):
-            pr = ii + pt - r * dh
-            oi = pr // sh
-            if pr - oi * sh != 0 or not 0 <= oi < oh:
-                continue
-            grow = gf[n, oi]
-            for p in range(min(sw, W)):
-                m = 0
-                for c in range(fw):
-                    if (c * dw - pl) % sw == p:
-                        taps[m] = c
-                        m += 1
-                Up = (W - p + sw - 1) // sw  # pixels of phase p
-                ap = acc[p]
-                for k0 in range(0, m, G):
-                    nt = min(G, m - k0)
-                    # Tap c reaches u = oj + ub for out_backprop columns oj in [0, ow).
-                    V0, V1, A0, A1 = 0, Up, Up, 0
-                    for k in range(k0, k0 + nt):
-                        ub = (taps[k] * dw - pl - p) // sw
-                        lo, hi = max(0, ub), min(Up, ub + ow)
-                        V0, V1 = max(V0, lo), min(V1, hi)
-                        A0, A1 = min(A0, lo), max(A1, hi)
-                    V1 = max(V0, V1)
-                    c0, c1 = taps[k0], taps[k0 + min(1, nt - 1)]
-                    c2, c3 = taps[k0 + min(2, nt - 1)], taps[k0 + min(3, nt - 1)]
-                    b0, b1 = (c0 * dw - pl - p) // sw, (c1 * dw - pl - p) // sw
-                    b2, b3 = (c2 * dw - pl - p) // sw, (c3 * dw - pl - p) // sw
-                    for uc in range(V0, V1, JT):
-                        L = (min(V1, uc + JT) - uc) * CM
-                        _mac(ap[uc * CM:uc * CM + L],
-                             wtile[r, c0, :L], grow[(uc - b0) * CM:(uc - b0) * CM + L],
-                             wtile[r, c1, :L], grow[(uc - b1) * CM:(uc - b1) * CM + L],
-                             wtile[r, c2, :L], grow[(uc - b2) * CM:(uc - b2) * CM + L],
-                             wtile[r, c3, :L], grow[(uc - b3) * CM:(uc - b3) * CM + L],
-                             nt, L)
-                    for u in range(A0, A1):  # pixels some but not all of the taps reach
-                        if V0 <= u < V1:
-                            continue
-                        a = ap[u * CM:(u + 1) * CM]
+    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            n, ii = t // H, t % H
+            acc = np.zeros((sw, U * CM), w.dtype)  # pixel jj at [jj % sw, (jj // sw) * CM]
+            taps = np.empty(max(fw, 1), np.int64)
+            for r in range(fh):
+                pr = ii + pt - r * dh
+                oi = pr // sh
+                if pr - oi * sh != 0 or not 0 <= oi < oh:
+                    continue
+                grow = gf[n, oi]
+                for p in range(min(sw, W)):
+                    m = 0
+                    for c in range(fw):
+                        if (c * dw - pl) % sw == p:
+                            taps[m] = c
+                            m += 1
+                    Up = (W - p + sw - 1) // sw  # pixels of phase p
+                    ap = acc[p]
+                    for k0 in range(0, m, G):
+                        nt = min(G, m - k0)
+                        # Tap c reaches u = oj + ub for out_backprop columns oj in [0, ow).
+                        V0, V1, A0, A1 = 0, Up, Up, 0
                         for k in range(k0, k0 + nt):
-                            oj = u - (taps[k] * dw - pl - p) // sw
-                            if 0 <= oj < ow:
-                                wt = wf[r, taps[k]]
-                                gr = grow[oj * CM:(oj + 1) * CM]
-                                for ch in range(CM):
-                                    a[ch] = a[ch] + wt[ch] * gr[ch]
-        negz[t] = _any_negzero(acc)
-        for jj in range(W):
-            pj = acc[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
-            o = out[n, ii, jj]
-            if M == 1:
-                for ch in range(CM):
-                    o[ch] = pj[ch]
-                continue
-            for k in range(C):  # reduce over the multiplier
-                o[k] = _reduce_multiplier(pj, k * M, M, lanes, mode, zero)
+                            ub = (taps[k] * dw - pl - p) // sw
+                            lo, hi = max(0, ub), min(Up, ub + ow)
+                            V0, V1 = max(V0, lo), min(V1, hi)
+                            A0, A1 = min(A0, lo), max(A1, hi)
+                        V1 = max(V0, V1)
+                        c0, c1 = taps[k0], taps[k0 + min(1, nt - 1)]
+                        c2, c3 = taps[k0 + min(2, nt - 1)], taps[k0 + min(3, nt - 1)]
+                        b0, b1 = (c0 * dw - pl - p) // sw, (c1 * dw - pl - p) // sw
+                        b2, b3 = (c2 * dw - pl - p) // sw, (c3 * dw - pl - p) // sw
+                        for uc in range(V0, V1, JT):
+                            L = (min(V1, uc + JT) - uc) * CM
+                            _mac(ap[uc * CM:uc * CM + L],
+                                 wtile[r, c0, :L], grow[(uc - b0) * CM:(uc - b0) * CM + L],
+                                 wtile[r, c1, :L], grow[(uc - b1) * CM:(uc - b1) * CM + L],
+                                 wtile[r, c2, :L], grow[(uc - b2) * CM:(uc - b2) * CM + L],
+                                 wtile[r, c3, :L], grow[(uc - b3) * CM:(uc - b3) * CM + L],
+                                 nt, L)
+                        for u in range(A0, A1):  # pixels some but not all of the taps reach
+                            if V0 <= u < V1:
+                                continue
+                            a = ap[u * CM:(u + 1) * CM]
+                            for k in range(k0, k0 + nt):
+                                oj = u - (taps[k] * dw - pl - p) // sw
+                                if 0 <= oj < ow:
+                                    wt = wf[r, taps[k]]
+                                    gr = grow[oj * CM:(oj + 1) * CM]
+                                    for ch in range(CM):
+                                        a[ch] = a[ch] + wt[ch] * gr[ch]
+            negz[t] = _any_negzero(acc)
+            for jj in range(W):
+                pj = acc[jj % sw, (jj // sw) * CM:(jj // sw + 1) * CM]
+                o = out[n, ii, jj]
+                if M == 1:
+                    for ch in range(CM):
+                        o[ch] = pj[ch]
+                    continue
+                for k in range(C):  # reduce over the multiplier
+                    o[k] = _reduce_multiplier(pj, k * M, M, lanes, mode, zero)
 
 
 @njit(nogil=True, cache=True)
-def _backprop_filter(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_filter(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
     """bufs[n] = image n's filter gradient: each tap's lanes accumulate g * x over the
     output positions in row-major order, G positions at a time with the accumulator in a
     register. Tasks are (image, block of input channels); padding taps add g * 0."""
@@ -467,58 +470,60 @@ def _backprop_filter(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, t0, t1
     M = CM // C
     nkb = (C + kblock - 1) // kblock
     zero = np.zeros(1, x.dtype)[0]
-    for t in range(t0, t1):
-        n, kb = t // nkb, t % nkb
-        k0, k1 = kb * kblock, min(C, (kb + 1) * kblock)
-        l0, l1 = k0 * M, k1 * M
-        nl = l1 - l0
-        buf = bufs[n]
-        buf[:, :, l0:l1] = zero
-        xe = np.empty((W if M > 1 else 0, nl), x.dtype)
-        for i in range(oh):
-            gi = g[n, i]
-            for r in range(fh):
-                ii = i * sh - pt + r * dh
-                row_ok = 0 <= ii < H
-                if row_ok and M > 1:
-                    for jj in range(W):
-                        src = x[n, ii, jj]
-                        dst = xe[jj]
-                        for k in range(k0, k1):
-                            for q in range(M):
-                                dst[(k - k0) * M + q] = src[k]
-                for c in range(fw):
-                    br = buf[r, c, l0:l1]
-                    off = c * dw - pl
-                    j0, j1 = _tap_range(off, sw, W, ow) if row_ok else (ow, ow)
-                    for j in range(j0):  # padding taps before, in order
-                        gr = gi[j, l0:l1]
-                        for ch in range(nl):
-                            br[ch] = br[ch] + gr[ch] * zero
-                        if mode != NONE:
-                            _round_all(br, mode)
-                    for jg in range(j0, j1, G):
-                        nt = min(G, j1 - jg)
-                        ja, jb = jg + min(1, nt - 1), jg + min(2, nt - 1)
-                        jc = jg + min(3, nt - 1)
-                        if M == 1:
-                            xa = x[n, ii, jg * sw + off, k0:k1]
-                            xb_ = x[n, ii, ja * sw + off, k0:k1]
-                            xc = x[n, ii, jb * sw + off, k0:k1]
-                            xd = x[n, ii, jc * sw + off, k0:k1]
-                        else:
-                            xa, xb_ = xe[jg * sw + off], xe[ja * sw + off]
-                            xc, xd = xe[jb * sw + off], xe[jc * sw + off]
-                        _mac(br, gi[jg, l0:l1], xa, gi[ja, l0:l1], xb_, gi[jb, l0:l1], xc,
-                             gi[jc, l0:l1], xd, nt, nl)
-                        if mode != NONE:
-                            _round_all(br, mode)
-                    for j in range(max(j1, j0), ow):  # padding taps after
-                        gr = gi[j, l0:l1]
-                        for ch in range(nl):
-                            br[ch] = br[ch] + gr[ch] * zero
-                        if mode != NONE:
-                            _round_all(br, mode)
+    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            n, kb = t // nkb, t % nkb
+            k0, k1 = kb * kblock, min(C, (kb + 1) * kblock)
+            l0, l1 = k0 * M, k1 * M
+            nl = l1 - l0
+            buf = bufs[n]
+            buf[:, :, l0:l1] = zero
+            xe = np.empty((W if M > 1 else 0, nl), x.dtype)
+            for i in range(oh):
+                gi = g[n, i]
+                for r in range(fh):
+                    ii = i * sh - pt + r * dh
+                    row_ok = 0 <= ii < H
+                    if row_ok and M > 1:
+                        for jj in range(W):
+                            src = x[n, ii, jj]
+                            dst = xe[jj]
+                            for k in range(k0, k1):
+                                for q in range(M):
+                                    dst[(k - k0) * M + q] = src[k]
+                    for c in range(fw):
+                        br = buf[r, c, l0:l1]
+                        off = c * dw - pl
+                        j0, j1 = _tap_range(off, sw, W, ow) if row_ok else (ow, ow)
+                        for j in range(j0):  # padding taps before, in order
+                            gr = gi[j, l0:l1]
+                            for ch in range(nl):
+                                br[ch] = br[ch] + gr[ch] * zero
+                            if mode != NONE:
+                                _round_all(br, mode)
+                        for jg in range(j0, j1, G):
+                            nt = min(G, j1 - jg)
+                            ja, jb = jg + min(1, nt - 1), jg + min(2, nt - 1)
+                            jc = jg + min(3, nt - 1)
+                            if M == 1:
+                                xa = x[n, ii, jg * sw + off, k0:k1]
+                                xb_ = x[n, ii, ja * sw + off, k0:k1]
+                                xc = x[n, ii, jb * sw + off, k0:k1]
+                                xd = x[n, ii, jc * sw + off, k0:k1]
+                            else:
+                                xa, xb_ = xe[jg * sw + off], xe[ja * sw + off]
+                                xc, xd = xe[jb * sw + off], xe[jc * sw + off]
+                            _mac(br, gi[jg, l0:l1], xa, gi[ja, l0:l1], xb_, gi[jb, l0:l1], xc,
+                                 gi[jc, l0:l1], xd, nt, nl)
+                            if mode != NONE:
+                                _round_all(br, mode)
+                        for j in range(max(j1, j0), ow):  # padding taps after
+                            gr = gi[j, l0:l1]
+                            for ch in range(nl):
+                                br[ch] = br[ch] + gr[ch] * zero
+                            if mode != NONE:
+                                _round_all(br, mode)
 
 
 @njit(inline="always")
@@ -542,7 +547,7 @@ def _filter_border(br, gt, jt, xr, j, sw, pl, fw, W, CM, mode):  # type: ignore[
 
 
 @njit(nogil=True, cache=True)
-def _backprop_filter_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_filter_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
     """bufs[n] as _backprop_filter, for dilation 1 along W and one task per image: the fw
     taps of a filter row are then one contiguous run of fw * C * M accumulators, and so
     are the input pixels they meet from one output column; the out_backprop row is
@@ -560,54 +565,56 @@ def _backprop_filter_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, t0, t1):  # t
     b0, b1 = _tap_range(fw - 1 - pl, sw, W, ow)
     J0 = max(a0, b0)
     J1 = max(J0, min(a1, b1))
-    for n in range(t0, t1):
-        buf = bufs[n].reshape(fh, L)
-        buf[:] = zero
-        gt = np.empty((ow, L), x.dtype)
-        gtf = gt.reshape(ow * L)
-        bflat = bufs[n].reshape(fh * L)
-        xe = np.empty(W * CM if M > 1 else 0, x.dtype)
-        for i in range(oh):
-            gi = g[n, i].reshape(ow * CM)
-            for jc in range(ow * fw):  # gt[j, c*CM + ch] = g[n, i, j, ch]
-                so, do = np.uint64((jc // fw) * CM), np.uint64(jc * CM)
-                for ch in range(np.uint64(CM)):
-                    gtf[do + ch] = gi[so + ch]
-            for r in range(fh):
-                br = buf[r]
-                ii = i * sh - pt + r * dh
-                if not 0 <= ii < H:  # a padding row: g * 0 for every tap
-                    for j in range(ow):
-                        gj = gt[j]
-                        for e in range(L):
-                            br[e] = br[e] + gj[e] * zero
+    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    while claim(ctl, size, ntasks, cur):
+        for n in range(cur[0], cur[1]):
+            buf = bufs[n].reshape(fh, L)
+            buf[:] = zero
+            gt = np.empty((ow, L), x.dtype)
+            gtf = gt.reshape(ow * L)
+            bflat = bufs[n].reshape(fh * L)
+            xe = np.empty(W * CM if M > 1 else 0, x.dtype)
+            for i in range(oh):
+                gi = g[n, i].reshape(ow * CM)
+                for jc in range(ow * fw):  # gt[j, c*CM + ch] = g[n, i, j, ch]
+                    so, do = np.uint64((jc // fw) * CM), np.uint64(jc * CM)
+                    for ch in range(np.uint64(CM)):
+                        gtf[do + ch] = gi[so + ch]
+                for r in range(fh):
+                    br = buf[r]
+                    ii = i * sh - pt + r * dh
+                    if not 0 <= ii < H:  # a padding row: g * 0 for every tap
+                        for j in range(ow):
+                            gj = gt[j]
+                            for e in range(L):
+                                br[e] = br[e] + gj[e] * zero
+                            if mode != NONE:
+                                _round_all(br, mode)
+                        continue
+                    if M > 1:
+                        for jj in range(W):
+                            sx, dx = x[n, ii, jj], xe[jj * CM:(jj + 1) * CM]
+                            for k in range(C):
+                                for q in range(M):
+                                    dx[k * M + q] = sx[k]
+                    xr = x4[n, ii] if M == 1 else xe
+                    for j in range(J0):
+                        _filter_border(br, gt, j, xr, j, sw, pl, fw, W, CM, mode)
+                    for jg in range(J0, J1, G):
+                        nt = min(G, J1 - jg)
+                        ja, jb = jg + min(1, nt - 1), jg + min(2, nt - 1)
+                        jc = jg + min(3, nt - 1)
+                        _mac_flat(bflat, r * L, gtf, xr, jg * L, (jg * sw - pl) * CM,
+                                  ja * L, (ja * sw - pl) * CM, jb * L, (jb * sw - pl) * CM,
+                                  jc * L, (jc * sw - pl) * CM, nt, L)
                         if mode != NONE:
                             _round_all(br, mode)
-                    continue
-                if M > 1:
-                    for jj in range(W):
-                        sx, dx = x[n, ii, jj], xe[jj * CM:(jj + 1) * CM]
-                        for k in range(C):
-                            for q in range(M):
-                                dx[k * M + q] = sx[k]
-                xr = x4[n, ii] if M == 1 else xe
-                for j in range(J0):
-                    _filter_border(br, gt, j, xr, j, sw, pl, fw, W, CM, mode)
-                for jg in range(J0, J1, G):
-                    nt = min(G, J1 - jg)
-                    ja, jb = jg + min(1, nt - 1), jg + min(2, nt - 1)
-                    jc = jg + min(3, nt - 1)
-                    _mac_flat(bflat, r * L, gtf, xr, jg * L, (jg * sw - pl) * CM,
-                              ja * L, (ja * sw - pl) * CM, jb * L, (jb * sw - pl) * CM,
-                              jc * L, (jc * sw - pl) * CM, nt, L)
-                    if mode != NONE:
-                        _round_all(br, mode)
-                for j in range(J1, ow):
-                    _filter_border(br, gt, j, xr, j, sw, pl, fw, W, CM, mode)
+                    for j in range(J1, ow):
+                        _filter_border(br, gt, j, xr, j, sw, pl, fw, W, CM, mode)
 
 
 @njit(nogil=True, cache=True)
-def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
     """BackpropInput for any filter (used when it holds inf or NaN): one task per input
     row. Input pixel jj meets tap (r, c) at out_backprop position ((ii + pt - r*dh) / sh,
     (jj + pl - c*dw) / sw) when both divide and are in range; every other tap computes
@@ -618,34 +625,36 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, t0, t1):
     M = CM // C
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    for t in range(t0, t1):
-        n, ii = t // H, t % H
-        per = out[n, ii] if M == 1 else np.empty((W, CM), w.dtype)
-        per[:] = zero
-        for r in range(fh):
-            p = ii + pt - r * dh
-            oi = p // sh
-            row_hit = p - oi * sh == 0 and 0 <= oi < oh
-            for c in range(fw):
-                wt = wf[r, c]
+    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            n, ii = t // H, t % H
+            per = out[n, ii] if M == 1 else np.empty((W, CM), w.dtype)
+            per[:] = zero
+            for r in range(fh):
+                p = ii + pt - r * dh
+                oi = p // sh
+                row_hit = p - oi * sh == 0 and 0 <= oi < oh
+                for c in range(fw):
+                    wt = wf[r, c]
+                    for jj in range(W):
+                        q = jj + pl - c * dw
+                        oj = q // sw
+                        a = per[jj]
+                        if row_hit and q - oj * sw == 0 and 0 <= oj < ow:
+                            gr = g[n, oi, oj]
+                            for ch in range(CM):
+                                a[ch] = a[ch] + wt[ch] * gr[ch]
+                        else:
+                            for ch in range(CM):
+                                a[ch] = a[ch] + wt[ch] * zero
+                        if mode != NONE:
+                            _round_all(a, mode)
+            if M > 1:  # reduce over the multiplier
                 for jj in range(W):
-                    q = jj + pl - c * dw
-                    oj = q // sw
-                    a = per[jj]
-                    if row_hit and q - oj * sw == 0 and 0 <= oj < ow:
-                        gr = g[n, oi, oj]
-                        for ch in range(CM):
-                            a[ch] = a[ch] + wt[ch] * gr[ch]
-                    else:
-                        for ch in range(CM):
-                            a[ch] = a[ch] + wt[ch] * zero
-                    if mode != NONE:
-                        _round_all(a, mode)
-        if M > 1:  # reduce over the multiplier
-            for jj in range(W):
-                for k in range(C):
-                    out[n, ii, jj, k] = _reduce_multiplier(per[jj], k * M, M, lanes, mode,
-                                                             zero)
+                    for k in range(C):
+                        out[n, ii, jj, k] = _reduce_multiplier(per[jj], k * M, M, lanes, mode,
+                                                                 zero)
 
 
 # --------------------------------------------------------------------------------------
@@ -947,7 +956,7 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
 
 def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untyped-def]
     @njit(nogil=True, cache=True)
-    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
         lanes are contiguous; with whole channel vectors the ring is blocked by channel
@@ -974,88 +983,90 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         rowok = np.zeros(FH, np.bool_)
         J0 = min(ow, (pl + sw - 1) // sw)  # columns whose taps all fall inside
         J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
-        for t in range(t0, t1):
-            n, i = t // oh, t % oh
-            neg = False
-            allok = True
-            for r in range(FH):
-                ii = i * sh - pt + r * dh
-                rowok[r] = 0 <= ii < H
-                if not rowok[r]:
-                    allok = False
-                else:
-                    rowoff[r] = _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
-            ob = (n * oh + i) * ow * CM
-            j = 0
-            while j < ow:
-                if allok and blocked and j == J0 and J1 - J0 >= _P:
-                    # the row's 4-pixel blocks, channel vector by channel vector
-                    nb = (J1 - J0) // _P
-                    # the next output row's new input rows, spread over the blocks
-                    last = i * sh - pt + (FH - 1) * dh
-                    pa = (n * H + last + 1) * W * C
-                    pn = max(0, min(sh, 2, H - 1 - last)) * W * C
-                    step = _prefetch_step(pn, nb * (CV // NL))
-                    for ch in range(0, CV, NL):
-                        for k in range(nb):
-                            pa, pn = _prefetch_part(xf, pa, pn, step)
-                            jk = j + k * _P
-                            a0, o = (jk * sw - pl) * PS, ob + jk * CM
-                            if sw == 1 and dw == 1:
-                                neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch,
-                                                       ch + NL, CS, NL, FH, FW, PS, stream,
-                                                       dh > 1)
-                            else:
-                                neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
-                                                  ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
-                                                  _P, stream)
-                    j1 = j + nb * _P
-                elif allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
-                    a0, o = (j * sw - pl) * PS, ob + j * CM
-                    j1 = j + _P if j + _P <= J1 else j + 1
-                    if M == 1:  # the next output row's new input rows, these columns
-                        for k in range(1, min(sh, 2) + 1):  # (strides can be huge)
-                            pa = rowoff[FH - 1] + k * WC + a0
-                            for e in range(0, (j1 - j) * sw * CM, 16):
-                                prefetch(xf, pa + e)
-                    if j1 == j + 1:
-                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
-                                          FW, 0, dw * PS, 1, stream)
-                    elif sw == 1 and dw == 1:  # (tracked when dilated in height: TF's
-                        neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL,
-                                               FH, FW, PS, stream, dh > 1)  # inserted rows)
+        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        while claim(ctl, size, ntasks, cur):
+            for t in range(cur[0], cur[1]):
+                n, i = t // oh, t % oh
+                neg = False
+                allok = True
+                for r in range(FH):
+                    ii = i * sh - pt + r * dh
+                    rowok[r] = 0 <= ii < H
+                    if not rowok[r]:
+                        allok = False
                     else:
-                        neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
-                                          FW, sw * PS, dw * PS, _P, stream)
-                else:  # one pixel; taps in the padding compute 0 * w
-                    for ch in range(0, CV, NL):
-                        v = vzeros_opaque(x)
-                        cb = (ch // NL) * CS
-                        for r in range(FH):
-                            for c in range(FW):
-                                jj = j * sw - pl + c * dw
-                                wv = vload(wf, (r * FW + c) * CM + ch)
-                                if rowok[r] and 0 <= jj < W:
-                                    v = vmuladd(v, vload(src, rowoff[r] + jj * PS + cb), wv)
+                        rowoff[r] = _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
+                ob = (n * oh + i) * ow * CM
+                j = 0
+                while j < ow:
+                    if allok and blocked and j == J0 and J1 - J0 >= _P:
+                        # the row's 4-pixel blocks, channel vector by channel vector
+                        nb = (J1 - J0) // _P
+                        # the next output row's new input rows, spread over the blocks
+                        last = i * sh - pt + (FH - 1) * dh
+                        pa = (n * H + last + 1) * W * C
+                        pn = max(0, min(sh, 2, H - 1 - last)) * W * C
+                        step = _prefetch_step(pn, nb * (CV // NL))
+                        for ch in range(0, CV, NL):
+                            for k in range(nb):
+                                pa, pn = _prefetch_part(xf, pa, pn, step)
+                                jk = j + k * _P
+                                a0, o = (jk * sw - pl) * PS, ob + jk * CM
+                                if sw == 1 and dw == 1:
+                                    neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch,
+                                                           ch + NL, CS, NL, FH, FW, PS, stream,
+                                                           dh > 1)
                                 else:
-                                    v = vmuladd(v, vzeros(x), wv)
-                        vput(of, ob + j * CM + ch, v, stream)
-                        neg = neg or vhas_negzero(v)
-                    j1 = j + 1
-                for jp in range(j, j1):  # lanes past the last full vector (never blocked)
-                    for ch in range(CV, CM):
-                        s_ = zero_opaque(x)
-                        for r in range(FH):
-                            for c in range(FW):
-                                jj = jp * sw - pl + c * dw
-                                xv = zero
-                                if rowok[r] and 0 <= jj < W:
-                                    xv = src[rowoff[r] + jj * CM + ch]
-                                s_ = s_ + xv * wf[(r * FW + c) * CM + ch]
-                        of[ob + jp * CM + ch] = s_
-                        neg = neg or _negzero(s_)
-                j = j1
-            negz[t] = neg
+                                    neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
+                                                      ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
+                                                      _P, stream)
+                        j1 = j + nb * _P
+                    elif allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
+                        a0, o = (j * sw - pl) * PS, ob + j * CM
+                        j1 = j + _P if j + _P <= J1 else j + 1
+                        if M == 1:  # the next output row's new input rows, these columns
+                            for k in range(1, min(sh, 2) + 1):  # (strides can be huge)
+                                pa = rowoff[FH - 1] + k * WC + a0
+                                for e in range(0, (j1 - j) * sw * CM, 16):
+                                    prefetch(xf, pa + e)
+                        if j1 == j + 1:
+                            neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
+                                              FW, 0, dw * PS, 1, stream)
+                        elif sw == 1 and dw == 1:  # (tracked when dilated in height: TF's
+                            neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL,
+                                                   FH, FW, PS, stream, dh > 1)  # inserted rows)
+                        else:
+                            neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
+                                              FW, sw * PS, dw * PS, _P, stream)
+                    else:  # one pixel; taps in the padding compute 0 * w
+                        for ch in range(0, CV, NL):
+                            v = vzeros_opaque(x)
+                            cb = (ch // NL) * CS
+                            for r in range(FH):
+                                for c in range(FW):
+                                    jj = j * sw - pl + c * dw
+                                    wv = vload(wf, (r * FW + c) * CM + ch)
+                                    if rowok[r] and 0 <= jj < W:
+                                        v = vmuladd(v, vload(src, rowoff[r] + jj * PS + cb), wv)
+                                    else:
+                                        v = vmuladd(v, vzeros(x), wv)
+                            vput(of, ob + j * CM + ch, v, stream)
+                            neg = neg or vhas_negzero(v)
+                        j1 = j + 1
+                    for jp in range(j, j1):  # lanes past the last full vector (never blocked)
+                        for ch in range(CV, CM):
+                            s_ = zero_opaque(x)
+                            for r in range(FH):
+                                for c in range(FW):
+                                    jj = jp * sw - pl + c * dw
+                                    xv = zero
+                                    if rowok[r] and 0 <= jj < W:
+                                        xv = src[rowoff[r] + jj * CM + ch]
+                                    s_ = s_ + xv * wf[(r * FW + c) * CM + ch]
+                            of[ob + jp * CM + ch] = s_
+                            neg = neg or _negzero(s_)
+                    j = j1
+                negz[t] = neg
 
     return kernel
 
@@ -1164,7 +1175,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
     PAIR = HOST_AVX512  # (two lane vectors' 8 accumulators and operands fit)
 
     @njit(nogil=True, cache=True)
-    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, t0, t1):  # type: ignore[no-untyped-def]  # noqa: E501
+    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
         """BackpropInput for a finite filter, skipping the taps that meet no out_backprop
         value (w * 0 = +-0 changes nothing but a -0: rows that hold one are marked in
         ``negz`` and redone exactly, see _redo_negzero). One task per input row; its
@@ -1200,119 +1211,121 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
         taphit = np.zeros(FW, np.bool_)
         unit = sw == 1 and dw == 1
         pair = PAIR and blocked and M == 2 and CV % (2 * NL) == 0
-        for t in range(t0, t1):
-            n, ii = t // H, t % H
-            neg = False
-            o0 = (n * H + ii) * W * C
-            for r in range(FH):
-                pr = ii + pt - r * dh
-                oi = pr // sh
-                rowok[r] = pr - oi * sh == 0 and 0 <= oi < oh
-                if blocked and rowok[r]:
-                    rowoff[r] = _row_offset_blocked(gf, n, oi, oh, ow, CM, 1, NL, ring, tags)
-                else:
-                    rowoff[r] = (n * oh + oi) * ow * CM
-            db = (n * H + ii) * W * CM if M == 1 else 0
-            # (blocked) the next input row's new out_backprop row, spread over the blocks
-            nx = ii + 1 + pt
-            pa = (n * oh + nx // sh) * ow * CM
-            pn = ow * CM if ii + 1 < H and nx % sh == 0 and 0 <= nx // sh < oh else 0
-            for ph in range(min(sw, W)):
-                Up = (W - ph + sw - 1) // sw  # pixels jj = ph + u*sw
-                U0, U1 = 0, Up  # where every tap of this phase meets a column
-                for c in range(FW):
-                    q = ph + pl - c * dw
-                    tapb[c] = q // sw  # pixel u meets column tapb[c] + u
-                    taphit[c] = q - tapb[c] * sw == 0
-                    if taphit[c]:
-                        U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
-                u = 0
-                if blocked:
-                    V = 2 * NL if pair else NL  # (the lanes a block takes)
-                    nb = Up // _P
-                    step = _prefetch_step(pn, nb * (CV // V))
-                    for ch in range(0, CV, V):
-                        for k in range(nb):
-                            pa, pn = _prefetch_part(gf, pa, pn, step)
-                            uk = k * _P
-                            o, op = db + (ph + uk * sw) * CM, o0 + (ph + uk * sw) * C
-                            inner = U0 <= uk and uk + _P <= U1  # (else: missed taps add 0)
-                            if pair and inner:
-                                neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
-                                                 op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
-                                                 FW, ow, False, unit, pstream, True)
-                            elif pair:
-                                neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
-                                                 op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
-                                                 FW, ow, True, unit, pstream, True)
-                            elif inner:
-                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
-                                                 uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
-                                                 FH, FW, ow, False, unit, stream, False)
-                            else:
-                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
-                                                 uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
-                                                 FH, FW, ow, True, unit, stream, False)
-                    u = nb * _P
-                u2 = u  # (pair: the pixels from here on go through per)
-                while u < Up:
-                    if u + _P <= Up:  # 4 pixels; near the borders, missed taps add w * 0
-                        o = db + (ph + u * sw) * CM
-                        if U0 <= u and u + _P <= U1:
-                            if rowok[0]:  # the next input row's new out_backprop row
-                                pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
-                                for e in range(0, _P * CM, 16):
-                                    prefetch(gf, pa + e)
-                            neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
-                                             o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
-                                             False, unit, stream, False)
-                        else:
-                            neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
-                                             o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
-                                             True, unit, stream, False)
-                        u1 = u + _P
+        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        while claim(ctl, size, ntasks, cur):
+            for t in range(cur[0], cur[1]):
+                n, ii = t // H, t % H
+                neg = False
+                o0 = (n * H + ii) * W * C
+                for r in range(FH):
+                    pr = ii + pt - r * dh
+                    oi = pr // sh
+                    rowok[r] = pr - oi * sh == 0 and 0 <= oi < oh
+                    if blocked and rowok[r]:
+                        rowoff[r] = _row_offset_blocked(gf, n, oi, oh, ow, CM, 1, NL, ring, tags)
                     else:
-                        for ch in range(0, CV, NL):
-                            v = vzeros_opaque(w)
-                            cb = (ch // NL) * CS
-                            for r in range(FH):
-                                if not rowok[r]:
-                                    continue
-                                for c in range(FW):
-                                    oj = tapb[c] + u
-                                    if taphit[c] and 0 <= oj < ow:
-                                        v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
-                                                    vload(gs, rowoff[r] + oj * GS + cb))
-                            vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
-                            neg = neg or vhas_negzero(v)
-                        u1 = u + 1
-                    for up in range(u, u1):  # lanes past the last full vector (never
-                        for ch in range(CV, CM):  # blocked: g's own layout)
-                            s_ = zero_opaque(w)
-                            for r in range(FH):
-                                if not rowok[r]:
-                                    continue
-                                for c in range(FW):
-                                    oj = tapb[c] + up
-                                    if taphit[c] and 0 <= oj < ow:
-                                        wv_ = wf[(r * FW + c) * CM + ch]
-                                        s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
-                            dst[db + (ph + up * sw) * CM + ch] = s_
-                            neg = neg or _negzero(s_)
-                    u = u1
-                if pair:  # the pixels left to per
-                    for up in range(u2, Up):
-                        jj = ph + up * sw
-                        _sum_pairs(of, o0 + jj * C, per, jj * CM, C, zero)
-            # (M > 1: a -0 among the per-lane sums; they are TF's bits when none is)
-            negz[t] = neg
-            if M == 2 and not pair:
-                _sum_pairs(of, o0, per, 0, W * C, zero)
-            elif M > 2:  # reduce over the multiplier
-                for jj in range(W):
-                    for k in range(C):
-                        of[o0 + jj * C + k] = _reduce_multiplier(per, jj * CM + k * M, M,
-                                                                  plane, NONE, zero)
+                        rowoff[r] = (n * oh + oi) * ow * CM
+                db = (n * H + ii) * W * CM if M == 1 else 0
+                # (blocked) the next input row's new out_backprop row, spread over the blocks
+                nx = ii + 1 + pt
+                pa = (n * oh + nx // sh) * ow * CM
+                pn = ow * CM if ii + 1 < H and nx % sh == 0 and 0 <= nx // sh < oh else 0
+                for ph in range(min(sw, W)):
+                    Up = (W - ph + sw - 1) // sw  # pixels jj = ph + u*sw
+                    U0, U1 = 0, Up  # where every tap of this phase meets a column
+                    for c in range(FW):
+                        q = ph + pl - c * dw
+                        tapb[c] = q // sw  # pixel u meets column tapb[c] + u
+                        taphit[c] = q - tapb[c] * sw == 0
+                        if taphit[c]:
+                            U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
+                    u = 0
+                    if blocked:
+                        V = 2 * NL if pair else NL  # (the lanes a block takes)
+                        nb = Up // _P
+                        step = _prefetch_step(pn, nb * (CV // V))
+                        for ch in range(0, CV, V):
+                            for k in range(nb):
+                                pa, pn = _prefetch_part(gf, pa, pn, step)
+                                uk = k * _P
+                                o, op = db + (ph + uk * sw) * CM, o0 + (ph + uk * sw) * C
+                                inner = U0 <= uk and uk + _P <= U1  # (else: missed taps add 0)
+                                if pair and inner:
+                                    neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
+                                                     op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
+                                                     FW, ow, False, unit, pstream, True)
+                                elif pair:
+                                    neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
+                                                     op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
+                                                     FW, ow, True, unit, pstream, True)
+                                elif inner:
+                                    neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
+                                                     uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
+                                                     FH, FW, ow, False, unit, stream, False)
+                                else:
+                                    neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
+                                                     uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
+                                                     FH, FW, ow, True, unit, stream, False)
+                        u = nb * _P
+                    u2 = u  # (pair: the pixels from here on go through per)
+                    while u < Up:
+                        if u + _P <= Up:  # 4 pixels; near the borders, missed taps add w * 0
+                            o = db + (ph + u * sw) * CM
+                            if U0 <= u and u + _P <= U1:
+                                if rowok[0]:  # the next input row's new out_backprop row
+                                    pa = rowoff[0] + ow * CM + (tapb[0] + u) * CM
+                                    for e in range(0, _P * CM, 16):
+                                        prefetch(gf, pa + e)
+                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
+                                                 o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                                 False, unit, stream, False)
+                            else:
+                                neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
+                                                 o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                                 True, unit, stream, False)
+                            u1 = u + _P
+                        else:
+                            for ch in range(0, CV, NL):
+                                v = vzeros_opaque(w)
+                                cb = (ch // NL) * CS
+                                for r in range(FH):
+                                    if not rowok[r]:
+                                        continue
+                                    for c in range(FW):
+                                        oj = tapb[c] + u
+                                        if taphit[c] and 0 <= oj < ow:
+                                            v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
+                                                        vload(gs, rowoff[r] + oj * GS + cb))
+                                vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
+                                neg = neg or vhas_negzero(v)
+                            u1 = u + 1
+                        for up in range(u, u1):  # lanes past the last full vector (never
+                            for ch in range(CV, CM):  # blocked: g's own layout)
+                                s_ = zero_opaque(w)
+                                for r in range(FH):
+                                    if not rowok[r]:
+                                        continue
+                                    for c in range(FW):
+                                        oj = tapb[c] + up
+                                        if taphit[c] and 0 <= oj < ow:
+                                            wv_ = wf[(r * FW + c) * CM + ch]
+                                            s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
+                                dst[db + (ph + up * sw) * CM + ch] = s_
+                                neg = neg or _negzero(s_)
+                        u = u1
+                    if pair:  # the pixels left to per
+                        for up in range(u2, Up):
+                            jj = ph + up * sw
+                            _sum_pairs(of, o0 + jj * C, per, jj * CM, C, zero)
+                # (M > 1: a -0 among the per-lane sums; they are TF's bits when none is)
+                negz[t] = neg
+                if M == 2 and not pair:
+                    _sum_pairs(of, o0, per, 0, W * C, zero)
+                elif M > 2:  # reduce over the multiplier
+                    for jj in range(W):
+                        for k in range(C):
+                            of[o0 + jj * C + k] = _reduce_multiplier(per, jj * CM + k * M, M,
+                                                                      plane, NONE, zero)
 
     return kernel
 
@@ -1455,7 +1468,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
 
     @njit(nogil=True, cache=True)
-    def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, t0, t1):  # type: ignore[no-untyped-def]
+    def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, ctl, size, ntasks):  # type: ignore[no-untyped-def]
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
         lane vector (or pair, PAIR) and group of NR (up to three) filter rows, those rows'
         taps' accumulators (up to 21 vectors) stay in registers over the output columns,
@@ -1485,51 +1498,53 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         tc = dw * XS
         ro = np.zeros(3, np.int64)
         ok = np.zeros(3, np.bool_)
-        for n in range(t0, t1):
-            bf = bufs[n].reshape(FH * FW * CM)
-            bf[:] = zero
-            for i in range(oh):
-                go = (n * oh + i) * ow * CM
-                for rg in range(0, FH, NR):
-                    nr = min(NR, FH - rg)
-                    inside = True
-                    for k in range(nr):
-                        ii = i * sh - pt + (rg + k) * dh
-                        ok[k] = 0 <= ii < H
-                        ro[k] = (_ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
-                                 if ok[k] else 0)
-                        inside = inside and ok[k]
-                    ja, jb = (J0, J1) if inside else (ow, ow)
-                    b = rg * FW * CM
-                    pg, px, npx = -1, 0, 0
-                    if rg == 0 and i + 1 < oh:
-                        pg = go + ow * CM
-                        if M == 1:  # (M > 1 expands rows sequentially)
-                            last = i * sh - pt + (FH - 1) * dh  # row i's last input row
-                            px = (n * H + last + 1) * W * C
-                            npx = max(0, min(sh, 2, H - 1 - last))
-                    for ch in range(0, CV, NL):
-                        if PAIR and CM == 2 * NL:  # one sweep takes whole pixels (an
-                            if ch == 0:  # if / else around the loop compiled 10% slower)
-                                _filter_sweep(bf, gf, src, go, 0, CM, ro, ok, nr, b, FW, ja,
-                                              jb, ow, sw, pl, tc, dw, W, pg, px, npx, W * C,
-                                              True, NL, XS, XQ)
-                            continue
-                        _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, ja, jb,
-                                      ow, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL,
-                                      XS, XQ)
-                    for k in range(nr):  # lanes past the last full vector
-                        for c in range(FW):
-                            e = b + (k * FW + c) * CM
-                            for ch in range(CV, CM):
-                                s_ = bf[e + ch]
-                                for j in range(ow):
-                                    jj = j * sw - pl + c * dw
-                                    xv = zero
-                                    if ok[k] and 0 <= jj < W:
-                                        xv = src[ro[k] + jj * CM + ch]
-                                    s_ = s_ + gf[go + j * CM + ch] * xv
-                                bf[e + ch] = s_
+        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        while claim(ctl, size, ntasks, cur):
+            for n in range(cur[0], cur[1]):
+                bf = bufs[n].reshape(FH * FW * CM)
+                bf[:] = zero
+                for i in range(oh):
+                    go = (n * oh + i) * ow * CM
+                    for rg in range(0, FH, NR):
+                        nr = min(NR, FH - rg)
+                        inside = True
+                        for k in range(nr):
+                            ii = i * sh - pt + (rg + k) * dh
+                            ok[k] = 0 <= ii < H
+                            ro[k] = (_ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
+                                     if ok[k] else 0)
+                            inside = inside and ok[k]
+                        ja, jb = (J0, J1) if inside else (ow, ow)
+                        b = rg * FW * CM
+                        pg, px, npx = -1, 0, 0
+                        if rg == 0 and i + 1 < oh:
+                            pg = go + ow * CM
+                            if M == 1:  # (M > 1 expands rows sequentially)
+                                last = i * sh - pt + (FH - 1) * dh  # row i's last input row
+                                px = (n * H + last + 1) * W * C
+                                npx = max(0, min(sh, 2, H - 1 - last))
+                        for ch in range(0, CV, NL):
+                            if PAIR and CM == 2 * NL:  # one sweep takes whole pixels (an
+                                if ch == 0:  # if / else around the loop compiled 10% slower)
+                                    _filter_sweep(bf, gf, src, go, 0, CM, ro, ok, nr, b, FW, ja,
+                                                  jb, ow, sw, pl, tc, dw, W, pg, px, npx, W * C,
+                                                  True, NL, XS, XQ)
+                                continue
+                            _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, ja, jb,
+                                          ow, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL,
+                                          XS, XQ)
+                        for k in range(nr):  # lanes past the last full vector
+                            for c in range(FW):
+                                e = b + (k * FW + c) * CM
+                                for ch in range(CV, CM):
+                                    s_ = bf[e + ch]
+                                    for j in range(ow):
+                                        jj = j * sw - pl + c * dw
+                                        xv = zero
+                                        if ok[k] and 0 <= jj < W:
+                                            xv = src[ro[k] + jj * CM + ch]
+                                        s_ = s_ + gf[go + j * CM + ch] * xv
+                                    bf[e + ch] = s_
 
     return kernel
 
@@ -1552,8 +1567,6 @@ def _vec_kernel(kind: str, fh: int, fw: int, mode: int, *flags: bool):  # type: 
     return _VEC_KERNELS[key]
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_SIZE = 0
 _INLINE_WORK = 1 << 20
 """Ops of fewer multiply-adds than this run on the calling thread alone: waking a pool
 thread costs ~70 us on a VM, more than such an op takes (~60 us). (Tests lower it.)"""
@@ -1569,58 +1582,12 @@ def _macs(geo: Geometry) -> int:
 
 
 def _run(kernel, ntasks: int, work: int, *args) -> None:  # type: ignore[no-untyped-def]
-    """kernel(*args, t0, t1) over the tasks [0, ntasks), on numba.get_num_threads()
-    threads (this one included) that take chunks of tasks as they come free; on this
-    thread alone when ``work`` (the op's multiply-adds) is under _INLINE_WORK.
-
-    Numba's own parallel loops split the work statically and end on a barrier that waits
-    for every thread; on a shared machine a descheduled thread stalls the whole op (we
-    measured 48 ms for a 12 ms single-thread op). Here a thread that does not get a CPU
-    simply takes no chunk. Every task computes the same bits whichever thread runs it.
-    16 chunks a thread, not 4: the last chunk to finish decides the op's time (3-10% in
-    the medians of the MobileNet shapes on 2 cores).
-    """
-    global _POOL, _POOL_SIZE
-    threads = _threads(work)
-    nchunks = min(ntasks, 16 * threads) if threads > 1 else 1
-    if nchunks <= 1:
-        kernel(*args, 0, ntasks)
-        return
-    if _POOL is None or _POOL_SIZE != threads - 1:
-        # (our own threads: TF's flushed-denormal environment, set once; the calling
-        # thread has it from the op, see _fpenv)
-        _POOL = ThreadPoolExecutor(threads - 1, thread_name_prefix="tfgrad-dwconv",
-                                   initializer=flush_this_thread)
-        _POOL_SIZE = threads - 1
-    size = -(-ntasks // nchunks)
-    nchunks = -(-ntasks // size)
-    claim = itertools.count()
-    lock = threading.Lock()
-    done = threading.Event()
-    finished = [0]
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        while True:
-            k = next(claim)  # atomic under the GIL
-            if k >= nchunks:
-                return
-            try:
-                kernel(*args, k * size, min(ntasks, (k + 1) * size))
-            except BaseException as e:  # (e.g. a compilation error): re-raised below
-                errors.append(e)
-            with lock:
-                finished[0] += 1
-                if finished[0] == nchunks:
-                    done.set()
-
-    kernel(*args, 0, 0)  # compile (or load) in this thread, before the workers start
-    for _ in range(threads - 1):
-        _POOL.submit(work)
-    work()
-    done.wait()
-    if errors:
-        raise errors[0]
+    """kernel(*args, ctl, size, ntasks) over the tasks [0, ntasks), on
+    numba.get_num_threads() threads (this one included) that claim chunks of tasks as
+    they come free (``_pool``); on this thread alone when ``work`` (the op's
+    multiply-adds) is under _INLINE_WORK. Every task computes the same bits whichever
+    thread runs it."""
+    _pool_run(kernel, ntasks, _threads(work), *args)
 
 
 def _prepare(*arrays: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.dtype, int]:

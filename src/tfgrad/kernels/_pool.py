@@ -1,0 +1,249 @@
+"""Threads for kernels that take their tasks in chunks (the depthwise kernels).
+
+``run(kernel, ntasks, threads, *args)`` calls ``kernel(*args, ctl, size, ntasks)`` on
+the calling thread and on ``threads - 1`` pool threads at once. Each call takes chunks
+of ``size`` tasks with ``claim`` (an atomic add on ``ctl[0]``) until none is left, and
+counts the tasks of each chunk it finishes in ``ctl[1]``; the caller returns once
+``ctl[1]`` reaches ``ntasks``. So a thread that does not get a CPU simply takes no chunk,
+and the caller waits for chunks, never for a thread (Numba's parallel loops split the
+work statically and end on a barrier: on a loaded machine a 12 ms op took 48 ms). No
+result depends on which thread takes which chunk.
+
+Why not a ``ThreadPoolExecutor`` handing out chunks from Python, as before: on a VM a
+thread that sleeps takes 20-70 us to wake (the host has to run its virtual CPU again),
+and every chunk went back through the GIL. The stride-2 depthwise forward (0.7 ms) lost
+a fifth of its time to that: 36 us to start the second thread, 2 us a chunk for each
+thread, 30 us to wake the caller at the end. Here the chunks are claimed in compiled
+code, a pool thread spins (without the GIL, ``pause`` between looks) for ``IDLE_US``
+after its last op before it sleeps, so the next op finds it awake, and the caller spins
+up to ``WAIT_US`` for the other threads' last chunks before it sleeps. Both spins are
+short and bounded: a spinning thread on a busy machine takes a CPU from someone else
+(Numba's OpenMP threads spinning after every kernel made 1 ms kernels take 25 ms there,
+see ``tfgrad/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._fpenv import X86, flush_this_thread
+
+IDLE_US = 300.0
+"""How long a pool thread spins for the next op before it sleeps (back-to-back ops, as
+in a training step, are much closer than that)."""
+WAIT_US = 300.0
+"""How long the calling thread spins for the other threads' last chunks (each chunk of
+the depthwise ops takes 30-70 us) before it sleeps."""
+
+
+def _int64_slot(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    aty = sig.args[0]
+    ary = context.make_array(aty)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+
+
+def _is_int64_array(arr) -> bool:  # type: ignore[no-untyped-def]
+    return isinstance(arr, types.Array) and arr.dtype == types.int64
+
+
+@intrinsic
+def _atomic_add(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
+    """arr[i] += v as one atomic step (int64); returns the value before."""
+    if not _is_int64_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        val = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", _int64_slot(context, builder, sig, args), val,
+                                  "seq_cst")
+
+    return types.int64(arr, i, v), codegen
+
+
+@intrinsic
+def _load_acquire(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr[i] (int64), read from memory every time: another thread writes it."""
+    if not _is_int64_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.load_atomic(_int64_slot(context, builder, sig, args), "acquire", 8)
+
+    return types.int64(arr, i), codegen
+
+
+@intrinsic
+def _pause(typingctx):  # type: ignore[no-untyped-def]
+    """x86 ``pause``, the spin-wait hint (nothing elsewhere)."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        if X86:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def _cycles(typingctx):  # type: ignore[no-untyped-def]
+    """The cycle counter (the TSC on x86; 0 where LLVM has none)."""
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return types.int64(), codegen
+
+
+@numba.njit(inline="always")
+def claim(ctl, size, ntasks, cur):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Count this thread's last chunk, tasks [cur[0], cur[1]), as done in ctl[1]; claim
+    the next one into cur (ctl[0] counts the chunks claimed); whether there was one.
+    A kernel's task loop: ``while claim(ctl, size, ntasks, cur): for t in range(cur[0],
+    cur[1]): ...`` with ``cur`` zeroed first."""
+    if cur[1] > cur[0]:
+        _atomic_add(ctl, 1, cur[1] - cur[0])
+    t0 = _atomic_add(ctl, 0, 1) * size
+    cur[0] = t0
+    cur[1] = min(ntasks, t0 + size) if t0 < ntasks else t0
+    return t0 < ntasks
+
+
+@numba.njit(nogil=True, cache=True)
+def _spin(ctl, i, target, ticks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Spin while ctl[i] < target, for at most ``ticks`` of the cycle counter; whether
+    ctl[i] got there."""
+    t0 = _cycles()
+    while _load_acquire(ctl, i) < target:
+        _pause()
+        if _cycles() - t0 > ticks:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def _cycles_now():  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    return _cycles()
+
+
+def _ticks_per_us() -> float:
+    c0, t0 = _cycles_now(), time.perf_counter()
+    time.sleep(0.002)
+    c1, t1 = _cycles_now(), time.perf_counter()
+    return max(0.0, (c1 - c0) / ((t1 - t0) * 1e6))
+
+
+class _Job:
+    """One op's call, as the pool threads run it; its own list of their exceptions."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.errors: list[BaseException] = []
+
+
+class _Pool:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pid = os.getpid()
+        rate = _ticks_per_us()
+        self.idle_ticks = int(IDLE_US * rate)
+        self.wait_ticks = int(WAIT_US * rate)
+        self.posted = np.zeros(1, np.int64)  # jobs posted (the pool threads spin on it)
+        self.job: _Job | None = None
+        self.cv = threading.Condition()
+        self.busy = threading.Lock()  # one op at a time on the pool
+        self.stopped = False
+        for k in range(n):
+            threading.Thread(target=self._serve, name=f"tfgrad-dwconv-{k}",
+                             daemon=True).start()
+
+    def _serve(self) -> None:
+        flush_this_thread()  # TF's flushed-denormal environment, once (see _fpenv)
+        seen = 0
+        while True:
+            if not _spin(self.posted, 0, seen + 1, self.idle_ticks):
+                with self.cv:
+                    while self.posted[0] == seen and not self.stopped:
+                        self.cv.wait()
+            if self.stopped:
+                return
+            seen = int(self.posted[0])
+            job = self.job
+            assert job is not None
+            try:
+                job.fn()
+            except BaseException as e:  # (e.g. a compilation error): re-raised by run
+                job.errors.append(e)
+            with self.cv:
+                self.cv.notify_all()
+
+    def run(self, fn: Callable[[], Any], ctl: np.ndarray, ntasks: int) -> None:
+        job = _Job(fn)
+        self.job = job
+        with self.cv:
+            self.posted[0] += 1
+            self.cv.notify_all()
+        fn()
+        if not _spin(ctl, 1, ntasks, self.wait_ticks):
+            with self.cv:
+                while ctl[1] < ntasks and not job.errors:
+                    self.cv.wait()
+        if job.errors:
+            raise job.errors[0]
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopped = True
+            self.posted[0] += 1
+            self.cv.notify_all()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(n: int) -> _Pool:
+    """The pool of n threads (a new one after a fork, whose child has no threads)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.n != n or _POOL.pid != os.getpid():
+            if _POOL is not None and _POOL.pid == os.getpid():
+                _POOL.stop()
+            _POOL = _Pool(n)
+        return _POOL
+
+
+def run(kernel, ntasks: int, threads: int, *args) -> None:  # type: ignore[no-untyped-def]
+    """kernel(*args, ctl, size, ntasks) over the tasks [0, ntasks) on ``threads``
+    threads, this one included: 16 chunks a thread (the last chunk to finish decides the
+    op's time: 3-10 % in the medians of the MobileNet shapes on 2 cores against 4)."""
+    ctl = np.zeros(2, np.int64)
+    nchunks = min(ntasks, 16 * threads) if threads > 1 else 1
+    if nchunks <= 1:
+        kernel(*args, ctl, max(1, ntasks), ntasks)
+        return
+    size = -(-ntasks // nchunks)
+    # (a kernel not compiled yet is compiled by the first thread to call it; the others
+    # wait on Numba's compiler lock, then run it)
+    pool = _pool(threads - 1)
+    if not pool.busy.acquire(blocking=False):  # another thread's op has the pool
+        kernel(*args, ctl, size, ntasks)
+        return
+    try:
+        pool.run(lambda: kernel(*args, ctl, size, ntasks), ctl, ntasks)
+    finally:
+        pool.busy.release()
