@@ -120,8 +120,16 @@ def _signature(op: OpDef, style: str) -> inspect.Signature:
 def make_function(op: OpDef, style: str) -> Callable[..., Any]:
     """``style='raw'``: keyword-only ``raw_ops.<Op>``; ``'snake'``: ``tfgrad.<op_name>``."""
     sig = _signature(op, style)
+    params = sig.parameters.values()
+    names = frozenset(p.name for p in params)
+    required = frozenset(p.name for p in params if p.default is p.empty)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def fn(*args: Any, **kwargs: Any) -> Any:
+        if not args and required <= kwargs.keys() <= names:
+            # (what sig.bind + apply_defaults give for keywords alone, in a tenth of the
+            # time: ~8 us a call, 1% of a 0.6 ms depthwise op)
+            return call(op, {**defaults, **kwargs})
         if style == "raw" and args:
             raise TypeError(f"raw_ops.{op.name} only takes keyword arguments, got {len(args)} "
                             "positional")

@@ -105,8 +105,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _config
+from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals
-from .._validate import check_alloc, require, shape_str
+from .._validate import check_alloc, shape_str
 
 _F32 = np.float32
 _CHANNEL_LAST = {"NHWC": True, "NDHWC": True, "NCHW": False, "NCDHW": False}
@@ -334,11 +335,14 @@ def reference_grad_infer(dy: np.ndarray, X: np.ndarray, scale: np.ndarray, mean:
 # Validation
 # --------------------------------------------------------------------------------------
 def _check_rank1(op: str, what: str, a: np.ndarray) -> None:
-    require(a.ndim == 1, f"{op}: {what} must be 1-dimensional, got shape {shape_str(a.shape)}")
+    if a.ndim != 1:
+        raise InvalidArgumentError(
+            f"{op}: {what} must be 1-dimensional, got shape {shape_str(a.shape)}")
 
 
 def _check_x(op: str, what: str, x: np.ndarray) -> None:
-    require(x.ndim in (4, 5),
+    if x.ndim not in (4, 5):
+        raise InvalidArgumentError(
             f"{op}: input must be 4 or 5-dimensional, got {what} of shape {shape_str(x.shape)}")
 
 
@@ -353,7 +357,8 @@ def _check_memory(op: str, out: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _check_channels(op: str, what: str, a: np.ndarray, c: int, prefix: str = "") -> None:
-    require(a.size == c,
+    if a.size != c:
+        raise InvalidArgumentError(
             f"{op}: {prefix}{what} must have the same number of elements as the channels of "
             f"x, got {a.size} and {c}")
 
@@ -442,7 +447,8 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
     _check_rank1(op, "scale", scale)
     _check_rank1(op, "saved mean (reserve_space_1)", reserve_space_1)
     _check_rank1(op, "saved variance (reserve_space_2)", reserve_space_2)
-    require(x.shape == y_backprop.shape,
+    if x.shape != y_backprop.shape:
+        raise InvalidArgumentError(
             f"{op}: x and y_backprop must have same shape, but x has shape "
             f"{shape_str(x.shape)} and y_backprop has shape {shape_str(y_backprop.shape)}")
     channel_last = _CHANNEL_LAST[data_format]

@@ -77,8 +77,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _config
+from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals
-from .._validate import check_alloc, require, shape_str
+from .._validate import check_alloc, shape_str
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -127,36 +128,48 @@ def _check_attrs(op: str, strides: tuple[int, ...], padding: str,
                  dilations: tuple[int, ...]) -> _Attrs:
     nchw = data_format == "NCHW"
     h, w, c = (2, 3, 1) if nchw else (1, 2, 3)
-    require(len(strides) == 4,
+    if len(strides) != 4:
+        raise InvalidArgumentError(
             f"{op}: Sliding window strides field must specify 4 dimensions, got {list(strides)}")
-    require(strides[h] == strides[w],
+    if strides[h] != strides[w]:
+        raise InvalidArgumentError(
             f"{op}: Current implementation only supports equal length strides in the row and "
             f"column dimensions, got strides {list(strides)}")
-    require(strides[0] == 1 and strides[c] == 1,
+    if not (strides[0] == 1 and strides[c] == 1):
+        raise InvalidArgumentError(
             f"{op}: Current implementation does not yet support strides in the batch and depth "
             f"dimensions, got strides {list(strides)}")
-    require(strides[h] > 0, f"{op}: Stride must be > 0, but got {strides[h]}")
-    require(len(dilations) == 4,
+    if not (strides[h] > 0):
+        raise InvalidArgumentError(f"{op}: Stride must be > 0, but got {strides[h]}")
+    if len(dilations) != 4:
+        raise InvalidArgumentError(
             f"{op}: Sliding window dilations field must specify 4 dimensions, got "
             f"{list(dilations)}")
-    require(dilations[0] == 1 and dilations[c] == 1,
+    if not (dilations[0] == 1 and dilations[c] == 1):
+        raise InvalidArgumentError(
             f"{op}: Current implementation does not yet support dilations in the batch and "
             f"depth dimensions, got dilations {list(dilations)}")
-    require(dilations[h] > 0 and dilations[w] > 0,
+    if not (dilations[h] > 0 and dilations[w] > 0):
+        raise InvalidArgumentError(
             f"{op}: Dilated rates should be larger than 0, got dilations {list(dilations)}")
     pads_h = pads_w = (0, 0)
     if padding == "EXPLICIT":
         p = explicit_paddings
-        require(len(p) == 8, f"{op}: explicit_paddings attribute must contain 8 values, but "
+        if len(p) != 8:
+            raise InvalidArgumentError(
+                f"{op}: explicit_paddings attribute must contain 8 values, but "
                 f"got: {len(p)}")
-        require(all(v >= 0 for v in p),
+        if not all(v >= 0 for v in p):
+            raise InvalidArgumentError(
                 f"{op}: All elements of explicit_paddings must be nonnegative, got {list(p)}")
-        require(p[0] == p[1] == p[2 * c] == p[2 * c + 1] == 0,
+        if not (p[0] == p[1] == p[2 * c] == p[2 * c + 1] == 0):
+            raise InvalidArgumentError(
                 f"{op}: Nonzero explicit padding in the batch or depth dimensions is not "
                 f"supported, got explicit_paddings {list(p)}")
         pads_h, pads_w = (p[2 * h], p[2 * h + 1]), (p[2 * w], p[2 * w + 1])
     else:
-        require(len(explicit_paddings) == 0,
+        if len(explicit_paddings) != 0:
+            raise InvalidArgumentError(
                 f"{op}: explicit_paddings attribute must be empty if the padding attribute is "
                 f"not EXPLICIT, got {list(explicit_paddings)}")
     return _Attrs(nchw, strides[h], strides[w], dilations[h], dilations[w], padding,
@@ -175,7 +188,9 @@ def window(op: str, n: int, f: int, s: int, d: int, padding: str,
     pb, pa = pads if padding == "EXPLICIT" else (0, 0)
     num = n + pb + pa - fe + s
     o = abs(num) // s * (1 if num >= 0 else -1)
-    require(o >= 0, f"{op}: Computed output size would be negative: {o} [input_size: {n}, "
+    if not (o >= 0):
+        raise InvalidArgumentError(
+            f"{op}: Computed output size would be negative: {o} [input_size: {n}, "
             f"effective_filter_size: {fe}, stride: {s}]")
     return o, pb
 
@@ -201,15 +216,20 @@ def _back(t: np.ndarray, nchw: bool) -> np.ndarray:
 
 def _sizes(op: str, arg: str, sizes: np.ndarray, prefix: str) -> tuple[int, ...]:
     """input_sizes / filter_sizes: a vector of non-negative int32 whose product fits."""
-    require(sizes.ndim == 1,
-            f"{op}: {prefix}: {arg} input must be 1-dim, not {sizes.ndim}")
+    if sizes.ndim != 1:
+        raise InvalidArgumentError(f"{op}: {prefix}: {arg} input must be 1-dim, not {sizes.ndim}")
     # checked before the values are read: a huge broadcast vector must not be walked
-    require(sizes.size == 4, f"{op}: {'input' if arg == 'input_sizes' else 'filter'} must be "
+    if sizes.size != 4:
+        raise InvalidArgumentError(
+            f"{op}: {'input' if arg == 'input_sizes' else 'filter'} must be "
             f"4-dimensional ({arg} has {sizes.size} values, expected 4)")
-    vals = tuple(int(v) for v in sizes)
+    vals = tuple(sizes.tolist())  # (Python ints)
     for i, v in enumerate(vals):
-        require(v >= 0, f"{op}: Dimension {i} of {arg} must be >= 0, got {shape_str(vals)}")
-    require(math.prod(vals) <= 2**63 - 1,
+        if not (v >= 0):
+            raise InvalidArgumentError(
+                f"{op}: Dimension {i} of {arg} must be >= 0, got {shape_str(vals)}")
+    if not (math.prod(vals) <= 2**63 - 1):
+        raise InvalidArgumentError(
             f"{op}: {arg} {shape_str(vals)} has more elements than fit in int64")
     return vals
 
@@ -220,26 +240,39 @@ def _check_backprop(op: str, a: _Attrs, in_shape: tuple[int, ...],
     label = {"DepthwiseConv2dNativeBackpropInput": "input_sizes",
              "DepthwiseConv2dNativeBackpropFilter": "input"}[op]
     flabel = "filter" if label == "input_sizes" else "filter_sizes"
-    require(len(in_shape) == 4,
+    if len(in_shape) != 4:
+        raise InvalidArgumentError(
             f"{op}: input must be 4-dimensional ({label} has shape {shape_str(in_shape)})")
-    require(len(f_shape) == 4,
+    if len(f_shape) != 4:
+        raise InvalidArgumentError(
             f"{op}: filter must be 4-dimensional ({flabel} has shape {shape_str(f_shape)})")
-    require(len(g_shape) == 4,
+    if len(g_shape) != 4:
+        raise InvalidArgumentError(
             f"{op}: out_backprop must be 4-dimensional, got shape {shape_str(g_shape)}")
     if a.nchw:
         in_shape = (in_shape[0], in_shape[2], in_shape[3], in_shape[1])
         g_shape = (g_shape[0], g_shape[2], g_shape[3], g_shape[1])
     N, H, W, C = in_shape
     fh, fw, fc, M = f_shape
-    require(N == g_shape[0], f"{op}: input and out_backprop must have the same batch size: "
+    if N != g_shape[0]:
+        raise InvalidArgumentError(
+            f"{op}: input and out_backprop must have the same batch size: "
             f"{N} vs {g_shape[0]}")
-    require(C == fc, f"{op}: input and filter must have the same in_depth: {C} vs {fc}")
-    require(M * C == g_shape[3], f"{op}: depth_multiplier * in_depth not equal to out_depth: "
+    if C != fc:
+        raise InvalidArgumentError(
+            f"{op}: input and filter must have the same in_depth: {C} vs {fc}")
+    if M * C != g_shape[3]:
+        raise InvalidArgumentError(
+            f"{op}: depth_multiplier * in_depth not equal to out_depth: "
             f"{M} * {C} != {g_shape[3]}")
     geo = _geometry(op, a, N, H, W, C, fh, fw, M)
-    require(g_shape[1] == geo.oh, f"{op}: Number of rows of out_backprop doesn't match "
+    if g_shape[1] != geo.oh:
+        raise InvalidArgumentError(
+            f"{op}: Number of rows of out_backprop doesn't match "
             f"computed: actual = {g_shape[1]}, computed = {geo.oh}")
-    require(g_shape[2] == geo.ow, f"{op}: Number of cols of out_backprop doesn't match "
+    if g_shape[2] != geo.ow:
+        raise InvalidArgumentError(
+            f"{op}: Number of cols of out_backprop doesn't match "
             f"computed: actual = {g_shape[2]}, computed = {geo.ow}")
     return geo
 
@@ -252,13 +285,15 @@ def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[
                           dilations: tuple[int, ...]) -> np.ndarray:
     op = "DepthwiseConv2dNative"
     a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    require(input.ndim == 4, f"{op}: input must be 4-dimensional{shape_str(input.shape)}")
-    require(filter.ndim == 4, f"{op}: filter must be 4-dimensional: {shape_str(filter.shape)}")
+    if input.ndim != 4:
+        raise InvalidArgumentError(f"{op}: input must be 4-dimensional{shape_str(input.shape)}")
+    if filter.ndim != 4:
+        raise InvalidArgumentError(f"{op}: filter must be 4-dimensional: {shape_str(filter.shape)}")
     x = _nhwc(input, a.nchw)
     N, H, W, C = x.shape
     fh, fw, fc, M = filter.shape
-    require(C == filter.shape[2],
-            f"{op}: input and filter must have the same depth: {C} vs {fc}")
+    if C != filter.shape[2]:
+        raise InvalidArgumentError(f"{op}: input and filter must have the same depth: {C} vs {fc}")
     geo = _geometry(op, a, N, H, W, C, fh, fw, M)
     check_alloc(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype)
     if N * geo.oh * geo.ow * C * M == 0:  # nothing to compute: never copy a (broadcast) input

@@ -94,8 +94,9 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _config
+from .._errors import InvalidArgumentError
 from .._fpenv import flushed
-from .._validate import check_alloc, require, shape_str
+from .._validate import check_alloc, shape_str
 
 F32 = np.float32
 FLT_MIN = F32(2.0**-126)
@@ -281,38 +282,45 @@ def _ftz_attr(v: float) -> float:
 
 def _check_args_range(op: str, mn: float, mx: float) -> tuple[F32, F32]:
     fmn, fmx = _ftz_attr(mn), _ftz_attr(mx)  # TF reads float attrs with FTZ on
-    require(bool(fmn < fmx),
+    if not bool(fmn < fmx):
+        raise InvalidArgumentError(
             f"{op}: min has to be smaller than max, was: {_fmt(float(fmn))} >= "
             f"{_fmt(float(fmx))}")
     return F32(fmn), F32(fmx)
 
 
 def _check_same_shape(op: str, gradients: np.ndarray, inputs: np.ndarray) -> None:
-    require(gradients.shape == inputs.shape,
+    if gradients.shape != inputs.shape:
+        raise InvalidArgumentError(
             f"{op}: gradient and input must be the same size, got gradients "
             f"{shape_str(gradients.shape)} and inputs {shape_str(inputs.shape)}")
 
 
 def _check_rank(op: str, name: str, a: np.ndarray, rank: int) -> None:
-    require(a.ndim == rank, f"{op}: `{name}` must be rank {rank} but is rank {a.ndim}")
+    if a.ndim != rank:
+        raise InvalidArgumentError(f"{op}: `{name}` must be rank {rank} but is rank {a.ndim}")
 
 
 def _check_channels(op: str, inputs: np.ndarray, mn: np.ndarray, mx: np.ndarray) -> int:
     _check_rank(op, "min", mn, 1)
     _check_rank(op, "max", mx, 1)
     # TF's kernel reads input.dim_size(-1) unchecked and aborts the process on rank 0.
-    require(inputs.ndim >= 1,
+    if not (inputs.ndim >= 1):
+        raise InvalidArgumentError(
             f"{op}: inputs must have rank >= 1 (channels are the last dimension), got a "
             "scalar")
     d = inputs.shape[-1]
-    require(mn.shape[0] == d, f"{op}: min has incorrect size, expected {d} was {mn.shape[0]}")
-    require(mx.shape[0] == d, f"{op}: max has incorrect size, expected {d} was {mx.shape[0]}")
+    if mn.shape[0] != d:
+        raise InvalidArgumentError(f"{op}: min has incorrect size, expected {d} was {mn.shape[0]}")
+    if mx.shape[0] != d:
+        raise InvalidArgumentError(f"{op}: max has incorrect size, expected {d} was {mx.shape[0]}")
     return d
 
 
 def _bits(num_bits: int) -> int:
     # The op table restricts num_bits to [2, 16]; keep the kernel's own guard (TF's).
-    require(2 <= num_bits <= 16, "num_bits must be between 2 and 16, inclusive")
+    if not (2 <= num_bits <= 16):
+        raise InvalidArgumentError("num_bits must be between 2 and 16, inclusive")
     return num_bits
 
 
@@ -534,7 +542,8 @@ def FakeQuantWithMinMaxArgsGradient(*, gradients: np.ndarray, inputs: np.ndarray
     op = "FakeQuantWithMinMaxArgsGradient"
     check_alloc(op, "output", inputs.shape, F32)
     mn, mx = _check_args_range(op, min, max)
-    require(gradients.shape == inputs.shape,
+    if gradients.shape != inputs.shape:
+        raise InvalidArgumentError(
             f"Inputs to operation {op} of type {op} must have the same size and shape.  "
             f"Input 0: {shape_str(gradients.shape)} != input 1: {shape_str(inputs.shape)}")
     p = nudge(mn, mx, _bits(num_bits), narrow_range)

@@ -108,7 +108,7 @@ import numpy as np
 from .. import _config
 from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals, flushed
-from .._validate import check_alloc, require, shape_str
+from .._validate import check_alloc, shape_str
 
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
@@ -248,36 +248,49 @@ def _fmt(v: float) -> str:
 def _check_forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...],
                    deterministic: bool, seed: int, seed2: int) -> None:
     kind = "max" if op == "FractionalMaxPool" else "average"
-    require(len(pooling_ratio) == 4,
+    if len(pooling_ratio) != 4:
+        raise InvalidArgumentError(
             f"{op}: pooling_ratio field must specify 4 dimensions, got {list(pooling_ratio)}")
     for r in pooling_ratio:
         # `not r >= 1` also catches NaN, as TF's check does.
-        require(r >= 1, f"{op}: pooling_ratio cannot be smaller than 1, got: {_fmt(r)}")
-        require(np.isfinite(r), f"{op}: pooling_ratio must be finite, got: {_fmt(r)}")
-    require(pooling_ratio[0] == 1 and pooling_ratio[3] == 1,
+        if not (r >= 1):
+            raise InvalidArgumentError(
+                f"{op}: pooling_ratio cannot be smaller than 1, got: {_fmt(r)}")
+        if not np.isfinite(r):
+            raise InvalidArgumentError(f"{op}: pooling_ratio must be finite, got: {_fmt(r)}")
+    if not (pooling_ratio[0] == 1 and pooling_ratio[3] == 1):
+        raise InvalidArgumentError(
             f"{op}: Fractional {kind} pooling is not yet supported on the batch nor channel "
             f"dimension (pooling_ratio[0] and pooling_ratio[3] must be 1.0, got "
             f"{list(pooling_ratio)})")
-    require(deterministic or (seed == 0 and seed2 == 0),
+    if not (deterministic or (seed == 0 and seed2 == 0)):
+        raise InvalidArgumentError(
             f"{op}: Both seed and seed2 should be 0 if deterministic is false "
             f"(got seed={seed}, seed2={seed2})")
-    require(value.ndim == 4,
+    if value.ndim != 4:
+        raise InvalidArgumentError(
             f"{op}: tensor_in must be 4-dimensional, got shape {shape_str(value.shape)}")
     for i, (n, r) in enumerate(zip(value.shape, pooling_ratio)):
-        require(np.float32(n) >= np.float32(r),
+        if not (np.float32(n) >= np.float32(r)):
+            raise InvalidArgumentError(
                 f"{op}: Pooling ratio is higher than input dimension size for dimension {i}. "
                 f"Input dim size: {n} pooling ratio: {_fmt(r)}")
 
 
 def _check_sequence(op: str, name: str, seq: np.ndarray, cells: int, n: int) -> None:
-    require(seq.ndim == 1, f"{op}: {name} must be a vector, received shape "
-                           f"{shape_str(seq.shape)}")
-    require(seq.shape[0] == cells + 1,
+    if seq.ndim != 1:
+        raise InvalidArgumentError(
+            f"{op}: {name} must be a vector, received shape "
+            f"{shape_str(seq.shape)}")
+    if seq.shape[0] != cells + 1:
+        raise InvalidArgumentError(
             f"{op}: {name} must have {cells + 1} elements (one more than the {cells} pooling "
             f"cells of out_backprop), got {seq.shape[0]}")
-    require(seq.size == 0 or (seq.min() >= 0 and seq.max() <= n),
+    if not (seq.size == 0 or (seq.min() >= 0 and seq.max() <= n)):
+        raise InvalidArgumentError(
             f"{op}: {name} values must lie in [0, {n}] (the input size), got {seq.tolist()}")
-    require(bool(np.all(np.diff(seq) > 0)),
+    if not bool(np.all(np.diff(seq) > 0)):
+        raise InvalidArgumentError(
             f"{op}: {name} must be strictly increasing (every pooling cell non-empty), got "
             f"{seq.tolist()}")
 
@@ -354,23 +367,33 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
                           overlapping: bool) -> np.ndarray:
     op = "FractionalAvgPoolGrad"
     shp = orig_input_tensor_shape
-    require(shp.ndim == 1 and shp.size == 4,
+    if not (shp.ndim == 1 and shp.size == 4):
+        raise InvalidArgumentError(
             f"{op}: original input tensor shape must be 1-dimensional and 4 elements, got "
             f"shape {shape_str(shp.shape)}")
     g = out_backprop
-    require(g.ndim == 4, f"{op}: out_backprop must be 4-dimensional, got shape "
-                         f"{shape_str(g.shape)}")
-    require(min(g.shape) > 0, f"{op}: out_backprop must be positive for all dimension, got "
-                              f"shape {shape_str(g.shape)}")
+    if g.ndim != 4:
+        raise InvalidArgumentError(
+            f"{op}: out_backprop must be 4-dimensional, got shape "
+            f"{shape_str(g.shape)}")
+    if not (min(g.shape) > 0):
+        raise InvalidArgumentError(
+            f"{op}: out_backprop must be positive for all dimension, got "
+            f"shape {shape_str(g.shape)}")
     dims = [int(d) for d in shp]
     for what, d in zip(("Batch", "Rows", "Columns", "Depth"), dims):
-        require(d >= 0, f"{op}: Expected a non-negative size, got {d} "
-                        f"(orig_input_tensor_shape {dims})")
-        require(d != 0, f"{op}: {what} dimension of input must not be 0 "
-                        f"(orig_input_tensor_shape {dims})")
+        if not (d >= 0):
+            raise InvalidArgumentError(
+                f"{op}: Expected a non-negative size, got {d} "
+                f"(orig_input_tensor_shape {dims})")
+        if d == 0:
+            raise InvalidArgumentError(
+                f"{op}: {what} dimension of input must not be 0 "
+                f"(orig_input_tensor_shape {dims})")
     in_shape = check_alloc(op, "the input gradient", dims, g.dtype)
     n, h, w, c = in_shape
-    require(g.shape[0] == n and g.shape[3] == c,
+    if not (g.shape[0] == n and g.shape[3] == c):
+        raise InvalidArgumentError(
             f"{op}: out_backprop {shape_str(g.shape)} must have the batch and depth of "
             f"orig_input_tensor_shape {shape_str(in_shape)}")
     _check_sequence(op, "row_pooling_sequence", row_pooling_sequence, g.shape[1], h)
@@ -399,21 +422,30 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
     op = "FractionalMaxPoolGrad"
     x, y, g = orig_input, orig_output, out_backprop
     for name, a in (("orig_input", x), ("orig_output", y)):
-        require(a.ndim == 4, f"{op}: {name} should be a tensor of rank 4, got shape "
-                             f"{shape_str(a.shape)}")
-        require(a.size > 0, f"{op}: {name} must not be empty, got shape {shape_str(a.shape)}")
+        if a.ndim != 4:
+            raise InvalidArgumentError(
+                f"{op}: {name} should be a tensor of rank 4, got shape "
+                f"{shape_str(a.shape)}")
+        if not (a.size > 0):
+            raise InvalidArgumentError(
+                f"{op}: {name} must not be empty, got shape {shape_str(a.shape)}")
     for name, s in (("row_pooling_sequence", row_pooling_sequence),
                     ("col_pooling_sequence", col_pooling_sequence)):
-        require(s.ndim == 1, f"{op}: {name} must be a vector, received shape "
-                             f"{shape_str(s.shape)}")
-    require(row_pooling_sequence.size * col_pooling_sequence.size <= x.size,
+        if s.ndim != 1:
+            raise InvalidArgumentError(
+                f"{op}: {name} must be a vector, received shape "
+                f"{shape_str(s.shape)}")
+    if not (row_pooling_sequence.size * col_pooling_sequence.size <= x.size):
+        raise InvalidArgumentError(
             f"{op}: Pooling region has more elements than the input tensor. "
             f"row_pooling_sequence: {row_pooling_sequence.size} values, col_pooling_sequence: "
             f"{col_pooling_sequence.size} values, orig_input: {shape_str(x.shape)}")
-    require(g.shape == y.shape,
+    if g.shape != y.shape:
+        raise InvalidArgumentError(
             f"{op}: out_backprop must have the shape of orig_output {shape_str(y.shape)}, got "
             f"{shape_str(g.shape)}")
-    require(y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3],
+    if not (y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3]):
+        raise InvalidArgumentError(
             f"{op}: orig_output {shape_str(y.shape)} must have the batch and depth of "
             f"orig_input {shape_str(x.shape)}")
     _check_sequence(op, "row_pooling_sequence", row_pooling_sequence, y.shape[1], x.shape[1])
