@@ -19,10 +19,8 @@ denormal results can differ from TF's.
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -64,21 +62,27 @@ def flush_this_thread() -> None:
         mxcsr_put(mxcsr_get() | FTZ_DAZ)
 
 
-@contextlib.contextmanager
-def flush_denormals() -> Iterator[None]:
-    """Run the block with FTZ and DAZ set on this thread, as TF runs its kernels."""
-    if not X86:
-        yield
-        return
-    from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
+class flush_denormals:  # (lower case: used as a function, ``with flush_denormals():``)
+    """Run the block with FTZ and DAZ set on this thread, as TF runs its kernels.
 
-    _start_numba_workers()
-    old = mxcsr_get()
-    mxcsr_put(old | FTZ_DAZ)
-    try:
-        yield
-    finally:
-        mxcsr_put(old)
+    (A class, not a ``contextlib`` generator: every op enters one, and the generator's
+    machinery cost a few microseconds a call.)"""
+
+    __slots__ = ("old",)
+
+    def __enter__(self) -> None:
+        if X86:
+            from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
+
+            _start_numba_workers()
+            self.old = mxcsr_get()
+            mxcsr_put(self.old | FTZ_DAZ)
+
+    def __exit__(self, *exc: object) -> None:
+        if X86:
+            from .kernels._simd import mxcsr_put
+
+            mxcsr_put(self.old)
 
 
 def flushed(a: np.ndarray) -> np.ndarray:

@@ -286,6 +286,10 @@ def check_alloc(op_name: str, what: str, shape: Any, dtype: Any) -> tuple[int, .
     rather than wrapped.
     """
     dims = tuple(int(d) for d in shape)
+    n = math.prod(dims)
+    if (n > 0 and min(dims, default=1) > 0 and n * np.dtype(dtype).itemsize <= _ALWAYS_ALLOWED
+            and not os.environ.get("TFGRAD_MAX_BYTES")):
+        return dims  # (the common case, first: every op checks its outputs)
     if any(d < 0 for d in dims):
         raise InvalidArgumentError(f"{op_name}: {what} would have a negative dimension: "
                                    f"{shape_str(dims)}")

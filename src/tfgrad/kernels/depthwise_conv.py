@@ -85,13 +85,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from ._pool import claim
+from ._pool import claim, num_threads
 from ._pool import run as _pool_run
 from ._simd import (
     HOST_AVX512,
@@ -1573,7 +1572,7 @@ thread costs ~70 us on a VM, more than such an op takes (~60 us). (Tests lower i
 
 
 def _threads(work: int) -> int:
-    return numba.get_num_threads() if work >= _INLINE_WORK else 1
+    return num_threads() if work >= _INLINE_WORK else 1
 
 
 def _macs(geo: Geometry) -> int:
@@ -1598,7 +1597,8 @@ def _prepare(*arrays: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.dtype, int
     dt = arrays[0].dtype
     mode = NONE if dt in (_F32, _F64) else F16 if dt == np.float16 else BF16
     wdt = _work_dtype(dt)
-    return tuple(np.require(a, wdt, ("C", "W")) for a in arrays), dt, mode
+    return tuple(a if a.dtype == wdt and a.flags.c_contiguous and a.flags.writeable
+                 else np.require(a, wdt, ("C", "W")) for a in arrays), dt, mode
 
 
 def _work_dtype(dt: np.dtype) -> np.dtype:
