@@ -687,3 +687,13 @@ def test_pool_threads_that_sleep_give_the_same_bits(monkeypatch):
     with pool.busy:  # the pool is another op's: this one runs on the caller alone
         np.testing.assert_array_equal(
             tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **kw), want)
+
+
+def test_pool_spins_only_with_a_cpu_for_each_thread(monkeypatch):
+    """Pool threads beyond the CPUs would spin on a CPU another thread needs: none spins."""
+    monkeypatch.setattr(_pool, "_cpus", lambda: 2)
+    spinning, oversubscribed = _pool._Pool(1), _pool._Pool(3)
+    for p in (spinning, oversubscribed):
+        p.stop()
+    assert spinning.idle_ticks > 0 and spinning.wait_ticks > 0
+    assert oversubscribed.idle_ticks == oversubscribed.wait_ticks == 0

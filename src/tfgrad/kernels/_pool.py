@@ -17,9 +17,9 @@ thread, 30 us to wake the caller at the end. Here the chunks are claimed in comp
 code, a pool thread spins (without the GIL, ``pause`` between looks) for ``IDLE_US``
 after its last op before it sleeps, so the next op finds it awake, and the caller spins
 up to ``WAIT_US`` for the other threads' last chunks before it sleeps. Both spins are
-short and bounded: a spinning thread on a busy machine takes a CPU from someone else
-(Numba's OpenMP threads spinning after every kernel made 1 ms kernels take 25 ms there,
-see ``tfgrad/__init__.py``).
+short and bounded, and there is none with more threads than CPUs: a spinning thread
+on a busy machine takes a CPU from someone else (Numba's OpenMP threads spinning after
+every kernel made 1 ms kernels take 25 ms there, see ``tfgrad/__init__.py``).
 """
 
 from __future__ import annotations
@@ -163,6 +163,14 @@ def _ticks_per_us() -> float:
     return max(0.0, (c1 - c0) / ((t1 - t0) * 1e6))
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on every platform)
+        return os.cpu_count() or 1
+
+
 class _Job:
     """One op's call, as the pool threads run it; its own list of their exceptions."""
 
@@ -175,7 +183,9 @@ class _Pool:
     def __init__(self, n: int) -> None:
         self.n = n
         self.pid = os.getpid()
-        rate = _ticks_per_us()
+        # (more threads than CPUs: no spinning, a spinning thread would take the CPU
+        # another one needs)
+        rate = _ticks_per_us() if n + 1 <= _cpus() else 0.0
         self.idle_ticks = int(IDLE_US * rate)
         self.wait_ticks = int(WAIT_US * rate)
         self.posted = np.zeros(1, np.int64)  # jobs posted (the pool threads spin on it)
