@@ -14,12 +14,16 @@ thread that sleeps takes 20-70 us to wake (the host has to run its virtual CPU a
 and every chunk went back through the GIL. The stride-2 depthwise forward (0.7 ms) lost
 a fifth of its time to that: 36 us to start the second thread, 2 us a chunk for each
 thread, 30 us to wake the caller at the end. Here the chunks are claimed in compiled
-code, a pool thread spins (without the GIL, ``pause`` between looks) for ``IDLE_US``
-after its last op before it sleeps, so the next op finds it awake, and the caller spins
-up to ``WAIT_US`` for the other threads' last chunks before it sleeps. Both spins are
-short and bounded, and there is none with more threads than CPUs: a spinning thread
-on a busy machine takes a CPU from someone else (Numba's OpenMP threads spinning after
-every kernel made 1 ms kernels take 25 ms there, see ``tfgrad/__init__.py``).
+code (the caller works while a pool thread wakes, and the pool thread joins when it
+can), and the caller spins (without the GIL, ``pause`` between looks) up to ``WAIT_US``
+for the other threads' last chunks before it sleeps; not when there are more threads
+than CPUs, where a spinning thread takes the CPU another one needs.
+
+The pool threads themselves sleep as soon as an op is done. Spinning up to 300 us for
+the next op made back-to-back depthwise ops no faster (alternating processes) and made
+a Numba-parallel batch norm right after one 0.05-0.1 ms slower (its second OpenMP thread
+shared a CPU with the spinner); Numba's OpenMP threads spinning after every kernel made
+1 ms kernels take 25 ms on a busy machine (see ``tfgrad/__init__.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +43,6 @@ from numba.extending import intrinsic
 
 from .._fpenv import X86, flush_this_thread
 
-IDLE_US = 300.0
-"""How long a pool thread spins for the next op before it sleeps (back-to-back ops, as
-in a training step, are much closer than that)."""
 WAIT_US = 300.0
 """How long the calling thread spins for the other threads' last chunks (each chunk of
 the depthwise ops takes 30-70 us) before it sleeps."""
@@ -185,10 +186,8 @@ class _Pool:
         self.pid = os.getpid()
         # (more threads than CPUs: no spinning, a spinning thread would take the CPU
         # another one needs)
-        rate = _ticks_per_us() if n + 1 <= _cpus() else 0.0
-        self.idle_ticks = int(IDLE_US * rate)
-        self.wait_ticks = int(WAIT_US * rate)
-        self.posted = np.zeros(1, np.int64)  # jobs posted (the pool threads spin on it)
+        self.wait_ticks = int(WAIT_US * _ticks_per_us()) if n + 1 <= _cpus() else 0
+        self.posted = np.zeros(1, np.int64)  # jobs posted
         self.job: _Job | None = None
         self.cv = threading.Condition()
         self.busy = threading.Lock()  # one op at a time on the pool
@@ -201,10 +200,9 @@ class _Pool:
         flush_this_thread()  # TF's flushed-denormal environment, once (see _fpenv)
         seen = 0
         while True:
-            if not _spin(self.posted, 0, seen + 1, self.idle_ticks):
-                with self.cv:
-                    while self.posted[0] == seen and not self.stopped:
-                        self.cv.wait()
+            with self.cv:
+                while self.posted[0] == seen and not self.stopped:
+                    self.cv.wait()
             if self.stopped:
                 return
             seen = int(self.posted[0])
