@@ -293,7 +293,6 @@ def check_alloc(op_name: str, what: str, shape: Any, dtype: Any) -> tuple[int, .
     if any(d < 0 for d in dims):
         raise InvalidArgumentError(f"{op_name}: {what} would have a negative dimension: "
                                    f"{shape_str(dims)}")
-    n = math.prod(dims)
     if n > _INT64_MAX:
         raise InvalidArgumentError(f"{op_name}: {what} of shape {shape_str(dims)} has more "
                                    "elements than fit in int64")

@@ -142,7 +142,8 @@ _GET_NUM_THREADS: Callable[[], int] | None = None
 def num_threads() -> int:
     """numba.get_num_threads() (this thread's setting) without the check that Numba's
     threads are launched on every call, which takes ~8 us with the caches cold after an
-    op: the check runs once, then the threading layer's own getter is called."""
+    op: the check runs once, then the threading layer's own getter is called. (Every
+    family's kernels read their thread count here.)"""
     global _GET_NUM_THREADS
     if _GET_NUM_THREADS is None:
         numba.get_num_threads()  # (launches the threads)
@@ -187,7 +188,7 @@ class _Pool:
         # (more threads than CPUs: no spinning, a spinning thread would take the CPU
         # another one needs)
         self.wait_ticks = int(WAIT_US * _ticks_per_us()) if n + 1 <= _cpus() else 0
-        self.posted = np.zeros(1, np.int64)  # jobs posted
+        self.posted = 0  # jobs posted (read and written under cv)
         self.job: _Job | None = None
         self.cv = threading.Condition()
         self.busy = threading.Lock()  # one op at a time on the pool
@@ -201,12 +202,11 @@ class _Pool:
         seen = 0
         while True:
             with self.cv:
-                while self.posted[0] == seen and not self.stopped:
+                while self.posted == seen and not self.stopped:
                     self.cv.wait()
-            if self.stopped:
-                return
-            seen = int(self.posted[0])
-            job = self.job
+                if self.stopped:
+                    return
+                seen, job = self.posted, self.job
             assert job is not None
             try:
                 job.fn()
@@ -217,9 +217,9 @@ class _Pool:
 
     def run(self, fn: Callable[[], Any], ctl: np.ndarray, ntasks: int) -> None:
         job = _Job(fn)
-        self.job = job
         with self.cv:
-            self.posted[0] += 1
+            self.job = job
+            self.posted += 1
             self.cv.notify_all()
         fn()
         if not _spin(ctl, 1, ntasks, self.wait_ticks):
@@ -232,7 +232,7 @@ class _Pool:
     def stop(self) -> None:
         with self.cv:
             self.stopped = True
-            self.posted[0] += 1
+            self.posted += 1
             self.cv.notify_all()
 
 

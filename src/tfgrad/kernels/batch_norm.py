@@ -58,6 +58,7 @@ from numba import prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._pool import num_threads
 from ._simd import (
     STREAM_MIN_BYTES,
     aligned_empty,
@@ -935,7 +936,7 @@ def _rows_vec(grad: bool, size: int, *args: object) -> None:
     """Run the elementwise pass (args end with the output, whose alignment and size
     decide streaming) threaded or not as _pick decides for other kernels."""
     stream = _streams(args[-1])  # type: ignore[arg-type]
-    parallel = size >= _SERIAL_BELOW and numba.get_num_threads() > 1
+    parallel = size >= _SERIAL_BELOW and num_threads() > 1
     kernel = _ROWS_VEC[grad, stream, parallel]
     (_dynamic(kernel) if parallel else kernel)(*args)
 
@@ -1018,7 +1019,7 @@ _serial: dict[str, object] = {}
 def _pick(kernel: object, size: int, units: int) -> object:
     """``kernel`` itself, or its single-threaded twin when ``size`` elements are few or
     there are fewer than two parallel units (channel blocks or channels)."""
-    if size >= _SERIAL_BELOW and units > 1 and numba.get_num_threads() > 1:
+    if size >= _SERIAL_BELOW and units > 1 and num_threads() > 1:
         return _dynamic(kernel)
     py = kernel.py_func  # type: ignore[attr-defined]
     fn = _serial.get(py.__name__)
@@ -1035,7 +1036,7 @@ def _pick(kernel: object, size: int, units: int) -> object:
 def _channel_block(C: int, most: int = _SLOT) -> int:
     """Channels per NHWC column-sum block: as wide as possible (whole rows stream from
     memory), narrow enough to give every thread a block. The sums do not depend on it."""
-    cb = -(-C // max(numba.get_num_threads(), 1))
+    cb = -(-C // max(num_threads(), 1))
     return int(min(most, max(16, -(-cb // 16) * 16)))
 
 

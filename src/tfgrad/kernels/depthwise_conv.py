@@ -307,7 +307,7 @@ def _forward(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, ctl, size,
     of = out.reshape(N, oh, ow * CM)
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, x.dtype)[0]
-    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    cur = np.zeros(2, np.int64)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             n, i = t // oh, t % oh
@@ -393,7 +393,7 @@ def _backprop_input_finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes
     gf = g.reshape(N, oh, ow * CM)
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    cur = np.zeros(2, np.int64)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             n, ii = t // H, t % H
@@ -469,7 +469,7 @@ def _backprop_filter(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, ctl, s
     M = CM // C
     nkb = (C + kblock - 1) // kblock
     zero = np.zeros(1, x.dtype)[0]
-    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    cur = np.zeros(2, np.int64)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             n, kb = t // nkb, t % nkb
@@ -564,7 +564,7 @@ def _backprop_filter_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, ctl, size, nt
     b0, b1 = _tap_range(fw - 1 - pl, sw, W, ow)
     J0 = max(a0, b0)
     J1 = max(J0, min(a1, b1))
-    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    cur = np.zeros(2, np.int64)
     while claim(ctl, size, ntasks, cur):
         for n in range(cur[0], cur[1]):
             buf = bufs[n].reshape(fh, L)
@@ -624,7 +624,7 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, siz
     M = CM // C
     wf = w.reshape(fh, fw, CM)
     zero = np.zeros(1, w.dtype)[0]
-    cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+    cur = np.zeros(2, np.int64)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             n, ii = t // H, t % H
@@ -982,7 +982,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         rowok = np.zeros(FH, np.bool_)
         J0 = min(ow, (pl + sw - 1) // sw)  # columns whose taps all fall inside
         J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
-        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        cur = np.zeros(2, np.int64)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
                 n, i = t // oh, t % oh
@@ -1210,7 +1210,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
         taphit = np.zeros(FW, np.bool_)
         unit = sw == 1 and dw == 1
         pair = PAIR and blocked and M == 2 and CV % (2 * NL) == 0
-        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        cur = np.zeros(2, np.int64)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
                 n, ii = t // H, t % H
@@ -1497,7 +1497,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         tc = dw * XS
         ro = np.zeros(3, np.int64)
         ok = np.zeros(3, np.bool_)
-        cur = np.zeros(2, np.int64)  # (this thread's chunk: tasks [cur[0], cur[1]))
+        cur = np.zeros(2, np.int64)
         while claim(ctl, size, ntasks, cur):
             for n in range(cur[0], cur[1]):
                 bf = bufs[n].reshape(FH * FW * CM)

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ._pool import num_threads
 from ._simd import (
     STREAM_MIN_BYTES,
     flush_denormal,
@@ -52,7 +53,7 @@ def _threads(work: int) -> Iterator[None]:
     if work >= _PARALLEL_MIN:
         yield
         return
-    prev = numba.get_num_threads()
+    prev = num_threads()
     numba.set_num_threads(1)
     try:
         yield

@@ -139,7 +139,7 @@ def _check_attrs(op: str, strides: tuple[int, ...], padding: str,
         raise InvalidArgumentError(
             f"{op}: Current implementation does not yet support strides in the batch and depth "
             f"dimensions, got strides {list(strides)}")
-    if not (strides[h] > 0):
+    if strides[h] <= 0:
         raise InvalidArgumentError(f"{op}: Stride must be > 0, but got {strides[h]}")
     if len(dilations) != 4:
         raise InvalidArgumentError(
@@ -188,7 +188,7 @@ def window(op: str, n: int, f: int, s: int, d: int, padding: str,
     pb, pa = pads if padding == "EXPLICIT" else (0, 0)
     num = n + pb + pa - fe + s
     o = abs(num) // s * (1 if num >= 0 else -1)
-    if not (o >= 0):
+    if o < 0:
         raise InvalidArgumentError(
             f"{op}: Computed output size would be negative: {o} [input_size: {n}, "
             f"effective_filter_size: {fe}, stride: {s}]")
@@ -225,10 +225,10 @@ def _sizes(op: str, arg: str, sizes: np.ndarray, prefix: str) -> tuple[int, ...]
             f"4-dimensional ({arg} has {sizes.size} values, expected 4)")
     vals = tuple(sizes.tolist())  # (Python ints)
     for i, v in enumerate(vals):
-        if not (v >= 0):
+        if v < 0:
             raise InvalidArgumentError(
                 f"{op}: Dimension {i} of {arg} must be >= 0, got {shape_str(vals)}")
-    if not (math.prod(vals) <= 2**63 - 1):
+    if math.prod(vals) > 2**63 - 1:
         raise InvalidArgumentError(
             f"{op}: {arg} {shape_str(vals)} has more elements than fit in int64")
     return vals

@@ -282,7 +282,7 @@ def _ftz_attr(v: float) -> float:
 
 def _check_args_range(op: str, mn: float, mx: float) -> tuple[F32, F32]:
     fmn, fmx = _ftz_attr(mn), _ftz_attr(mx)  # TF reads float attrs with FTZ on
-    if not bool(fmn < fmx):
+    if not fmn < fmx:  # (NaN bounds fail too)
         raise InvalidArgumentError(
             f"{op}: min has to be smaller than max, was: {_fmt(float(fmn))} >= "
             f"{_fmt(float(fmx))}")
@@ -305,7 +305,7 @@ def _check_channels(op: str, inputs: np.ndarray, mn: np.ndarray, mx: np.ndarray)
     _check_rank(op, "min", mn, 1)
     _check_rank(op, "max", mx, 1)
     # TF's kernel reads input.dim_size(-1) unchecked and aborts the process on rank 0.
-    if not (inputs.ndim >= 1):
+    if inputs.ndim < 1:
         raise InvalidArgumentError(
             f"{op}: inputs must have rank >= 1 (channels are the last dimension), got a "
             "scalar")

@@ -289,7 +289,7 @@ def _check_sequence(op: str, name: str, seq: np.ndarray, cells: int, n: int) -> 
     if not (seq.size == 0 or (seq.min() >= 0 and seq.max() <= n)):
         raise InvalidArgumentError(
             f"{op}: {name} values must lie in [0, {n}] (the input size), got {seq.tolist()}")
-    if not bool(np.all(np.diff(seq) > 0)):
+    if not np.all(np.diff(seq) > 0):
         raise InvalidArgumentError(
             f"{op}: {name} must be strictly increasing (every pooling cell non-empty), got "
             f"{seq.tolist()}")
@@ -376,13 +376,13 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
         raise InvalidArgumentError(
             f"{op}: out_backprop must be 4-dimensional, got shape "
             f"{shape_str(g.shape)}")
-    if not (min(g.shape) > 0):
+    if min(g.shape) <= 0:
         raise InvalidArgumentError(
             f"{op}: out_backprop must be positive for all dimension, got "
             f"shape {shape_str(g.shape)}")
     dims = [int(d) for d in shp]
     for what, d in zip(("Batch", "Rows", "Columns", "Depth"), dims):
-        if not (d >= 0):
+        if d < 0:
             raise InvalidArgumentError(
                 f"{op}: Expected a non-negative size, got {d} "
                 f"(orig_input_tensor_shape {dims})")
@@ -426,7 +426,7 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
             raise InvalidArgumentError(
                 f"{op}: {name} should be a tensor of rank 4, got shape "
                 f"{shape_str(a.shape)}")
-        if not (a.size > 0):
+        if a.size == 0:
             raise InvalidArgumentError(
                 f"{op}: {name} must not be empty, got shape {shape_str(a.shape)}")
     for name, s in (("row_pooling_sequence", row_pooling_sequence),
@@ -435,7 +435,7 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
             raise InvalidArgumentError(
                 f"{op}: {name} must be a vector, received shape "
                 f"{shape_str(s.shape)}")
-    if not (row_pooling_sequence.size * col_pooling_sequence.size <= x.size):
+    if row_pooling_sequence.size * col_pooling_sequence.size > x.size:
         raise InvalidArgumentError(
             f"{op}: Pooling region has more elements than the input tensor. "
             f"row_pooling_sequence: {row_pooling_sequence.size} values, col_pooling_sequence: "
