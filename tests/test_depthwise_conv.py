@@ -186,7 +186,8 @@ def test_backprop_filter_lane_vector_pairs_equal_reference(dtype, C, M, f, s, d,
                                          ("float64", 2, 4), ("float32", 12, 4),
                                          ("float32", 16, 2), ("float64", 8, 2),
                                          ("float32", 24, 2)])
-@pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (3, 1, 1, "SAME"),
+@pytest.mark.parametrize("f, s, d, padding", [(5, 1, 1, "VALID"), (5, 1, 1, "SAME"),
+                                              (5, 2, 1, "SAME"), (3, 1, 1, "SAME"),
                                               (3, 2, 1, "SAME"), (3, 1, 2, "SAME"),
                                               (2, 3, 2, "VALID")])
 def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, padding):
@@ -234,6 +235,32 @@ def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, paddin
         if cancelling:  # (the flushed sums are exercised)
             assert (np.signbit(a) & (a == 0)).any()
             assert (out == 0).any()
+
+
+@pytest.mark.parametrize("dtype, C", [("float32", 8), ("float64", 4), ("float32", 24)])
+@pytest.mark.parametrize("strides, dilations, padding", [
+    ([1, 1, 1, 1], [1, 2, 1, 1], "SAME"), ([1, 2, 2, 1], [1, 3, 1, 1], "VALID"),
+    ([1, 1, 1, 1], [1, 1, 1, 1], "EXPLICIT")])
+def test_backprop_filter_five_rows_equal_reference(dtype, C, strides, dilations, padding):
+    """5x5 with M = 2 on whole lane vectors: BackpropFilter sweeps all five filter rows at
+    once on AVX-512 where they are all inside (NRI), three and two elsewhere, with the
+    ring's strides as constants where dilation across is 1 (_filter_sweep_blocked):
+    dilated and strided rows, the padding rows and columns, inf / NaN / -0 among the
+    inputs, the same bits as the reference."""
+    rng = np.random.default_rng(C + dilations[1])
+    attrs = {"padding": padding, "strides": strides, "dilations": dilations}
+    if padding == "EXPLICIT":
+        attrs["explicit_paddings"] = [0, 0, 3, 1, 2, 4, 0, 0]
+    x = rng.standard_normal((2, 19, 13, C)).astype(dtype)
+    x.flat[rng.integers(0, x.size, 4)] = [np.inf, -np.inf, np.nan, -0.0]
+    w = np.ones((5, 5, C, 2), dtype)
+    with tfgrad.use_impl("reference"):
+        g = rng.standard_normal(FWD(input=x, filter=w, **attrs).shape).astype(dtype)
+        b = BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs)
+    with tfgrad.use_impl("kernel"):
+        a = BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs)
+    oracle.assert_same(a, b, what=f"{dtype} C={C} {attrs}")
+    assert ("backprop_filter", 5, 5) in K._VEC_KERNELS
 
 
 @pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
