@@ -1382,8 +1382,8 @@ def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, 
                  pg, px, npx, WC, two, NL, XS, XQ):
     """Output columns [ja, jb) of one output row into the accumulators of nr (<= 5;
     ``two``: <= 3) filter rows for one lane vector (``two``: and the next, ch + NL), kept
-    in registers over the columns. src's pixel stride is XS and its lane-vector stride XQ (x's own
-    layout: CM and NL; a blocked ring: NL and W * NL). pg >= 0: prefetch the lines the
+    in registers over the columns. src's pixel stride is XS and its lane-vector stride XQ
+    (x's own layout: CM and NL; a blocked ring: NL and W * NL). pg >= 0: prefetch the lines the
     next output row will read at these columns and lanes: its out_backprop row (at pg)
     and npx (<= 2) new input rows (at px, px + WC; x's own layout)."""
     z = vzeros(gf)
@@ -1486,9 +1486,9 @@ def _filter_rows_per_sweep(FW: int) -> int:
 
 def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     NR = _filter_rows_per_sweep(FW)
-    # 5x5 with AVX-512: all five rows' 25 accumulators in one sweep, where every row is
-    # inside (8% faster than rows 3 + 2 for M = 2; with padding rows the whole sweep
-    # would take the checked path, 10% slower)
+    # 5x5 with AVX-512: all five rows' 25 accumulators in one sweep where every row is
+    # inside (the 5x5 M = 2 op ~8% faster than with rows 3 + 2; with a padding row among
+    # the five the whole sweep takes the checked path: SAME 1.76-2.09 against 1.59-1.70 ms)
     NRI = 5 if HOST_AVX512 and FH == 5 and FW == 5 else NR
     PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
 
@@ -1497,10 +1497,9 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
         lane vector (or pair, PAIR) and group of NR (up to three; NRI, five, for 5x5 rows
         all inside) filter rows, those rows' taps' accumulators (up to 25 vectors) stay in
-        registers over the output columns,
-        taken in order (padding taps add g * 0). One sweep of the columns feeds every tap
-        of the group, so each out_backprop vector is loaded once per group, not once per
-        filter row."""
+        registers over the output columns, taken in order (padding taps add g * 0). One
+        sweep of the columns feeds every tap of the group, so each out_backprop vector is
+        loaded once per group, not once per filter row."""
         N, H, W, C = x.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
         M = CM // C
