@@ -173,6 +173,13 @@ CASES: list[Case] = [
     # only, not in the other channels'.
     *_cases("inf_grad_4x4", H=5, W=6, fh=4, fw=4, inf_grad=True, ops=(BF,)),
     *_cases("inf_grad_3x3", H=5, W=6, inf_grad=True, ops=(BF,)),
+    # M = 2 on whole lane vectors (C * M = 16): the lane-vector-blocked rings, and
+    # BackpropFilter's five-row sweeps (5x5 on AVX-512, the rows all inside) beside its
+    # three + two row groups (padding rows), one with a height-only dilation.
+    *_cases("lanes_5x5_m2_valid", H=9, W=10, C=8, M=2, fh=5, fw=5, padding="VALID",
+            dtypes=("f32", "f64")),
+    *_cases("lanes_5x5_m2_same_dil_h2", H=12, W=9, C=8, M=2, fh=5, fw=5, dil=(2, 1),
+            dtypes=("f32",)),
 ]
 
 
