@@ -1476,6 +1476,20 @@ def _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow
                   0, 0, 0, False, NL, NL, W * NL)
 
 
+@njit(inline="always")
+def _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags, blocked, ro, ok):  # type: ignore[no-untyped-def]  # noqa: E501
+    """ro[k], ok[k] for filter rows rg .. rg + nr - 1 of the output row whose first input
+    row is ``top``: where the row starts in the kernel's source, and whether it is inside
+    (expanded into the ring on first use, _ring_row). Returns whether all of them are."""
+    inside = True
+    for k in range(nr):
+        ii = top + (rg + k) * dh
+        ok[k] = 0 <= ii < H
+        ro[k] = _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked) if ok[k] else 0
+        inside = inside and ok[k]
+    return inside
+
+
 def _filter_rows_per_sweep(FW: int) -> int:
     """Filter rows whose tap accumulators share one sweep of out_backprop: as many (up to
     3) as fit in the vector registers beside the operands. On AVX2 a vector takes two of
@@ -1532,10 +1546,8 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                     go = (n * oh + i) * ow * CM
                     top = i * sh - pt
                     if NRI > NR and blocked and dw == 1 and top >= 0 and top + (FH - 1) * dh < H:
-                        for k in range(FH):
-                            ro[k] = _ring_row(xf, n, top + k * dh, H, W, C, M, NL, ring, tags,
-                                              True)
-                            ok[k] = True
+                        _filter_group(xf, n, top, dh, 0, FH, H, W, C, M, NL, ring, tags, True, ro,
+                                      ok)
                         pg = go + ow * CM if i + 1 < oh else -1
                         for ch in range(0, CV, NL):
                             _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, NRI, ch, FW, J0,
@@ -1543,20 +1555,15 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                         continue
                     for rg in range(0, FH, NR):
                         nr = min(NR, FH - rg)
-                        inside = True
-                        for k in range(nr):
-                            ii = i * sh - pt + (rg + k) * dh
-                            ok[k] = 0 <= ii < H
-                            ro[k] = (_ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked)
-                                     if ok[k] else 0)
-                            inside = inside and ok[k]
+                        inside = _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags,
+                                               blocked, ro, ok)
                         ja, jb = (J0, J1) if inside else (ow, ow)
                         b = rg * FW * CM
                         pg, px, npx = -1, 0, 0
                         if rg == 0 and i + 1 < oh:
                             pg = go + ow * CM
                             if M == 1:  # (M > 1 expands rows sequentially)
-                                last = i * sh - pt + (FH - 1) * dh  # row i's last input row
+                                last = top + (FH - 1) * dh  # row i's last input row
                                 px = (n * H + last + 1) * W * C
                                 npx = max(0, min(sh, 2, H - 1 - last))
                         for ch in range(0, CV, NL):
