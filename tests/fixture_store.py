@@ -14,6 +14,46 @@ from typing import Any
 import numpy as np
 
 FIXTURES = Path(__file__).parent / "fixtures"
+PROCESSOR = FIXTURES / "processor.json"
+"""What the batch-norm fixtures' numbers depend on in the processor that recorded them."""
+
+
+def rsqrt_signature() -> str:
+    """A digest of this processor's approximate reciprocal square root as batch norm uses
+    it (``rsqrtps`` plus Eigen's Newton step, tfgrad's ``eigen_rsqrt``) on 2**16 inputs:
+    every 16-bit mantissa prefix of [1, 2) and [2, 4). ``rsqrtps`` is implementation-
+    defined: Intel's and AMD's differ (and non-x86 builds use an exact 1/sqrt), so TF's
+    own batch-norm outputs differ between them, and fixtures recorded on one processor
+    hold the others' only where the approximation is not used."""
+    import hashlib
+
+    from tfgrad.ops.batch_norm import eigen_rsqrt
+
+    bits = np.uint32(0x3F800000) + np.arange(1 << 16, dtype=np.uint32) * np.uint32(128)
+    return hashlib.sha256(eigen_rsqrt(bits.view(np.float32)).tobytes()).hexdigest()[:16]
+
+
+def processor_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def record_processor() -> None:
+    """Write PROCESSOR for the processor the fixtures are being generated on."""
+    PROCESSOR.write_text(json.dumps({"rsqrt_signature": rsqrt_signature(),
+                                     "processor": processor_name()}, indent=1) + "\n")
+
+
+def recorded_processor() -> dict[str, str]:
+    """PROCESSOR's contents ({} when absent)."""
+    return json.loads(PROCESSOR.read_text()) if PROCESSOR.exists() else {}
 
 
 def _enc(v: Any) -> Any:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -32,13 +33,54 @@ def _case(case_id: str):
     return next(c for c in CASES if c.id == case_id)
 
 
+@functools.cache
+def _same_rsqrt() -> bool:
+    """Whether this processor's approximate rsqrt is the one the fixtures were recorded
+    with (tests/fixture_store.py: Intel's and AMD's differ, and TF's bits with them)."""
+    recorded = fixture_store.recorded_processor().get("rsqrt_signature")
+    return recorded == fixture_store.rsqrt_signature()
+
+
+def _rsqrt_outputs(case, kwargs: dict) -> set[str]:
+    """The outputs of a batch-norm case computed with the approximate rsqrt: y,
+    x_backprop and scale_backprop, when some channel is in a full packet of 8."""
+    if tfgrad.get_op_def(case.op).family != "batch_norm":
+        return set()
+    shape = kwargs["x"].shape
+    c = shape[1] if str(kwargs.get("data_format", "NHWC")).startswith("NC") else shape[-1]
+    names = {o.name for o in tfgrad.get_op_def(case.op).outputs}
+    return {"y", "x_backprop", "scale_backprop"} & names if c >= 8 else set()
+
+
 @pytest.mark.parametrize("family,case_id", _FIXTURE_CASES)
 def test_fixture(family, case_id):
     kwargs, expected = FIXTURES[family][case_id]
     case = _case(case_id)
+    skip = _rsqrt_outputs(case, kwargs)
+    if skip and _same_rsqrt():
+        skip = set()
     for impl in ("kernel", "reference"):
         got = _run(case.op, kwargs, impl)
-        oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[{impl}]")
+        oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[{impl}]", skip=skip)
+    if skip:
+        rec = fixture_store.recorded_processor().get("processor", "another processor")
+        pytest.skip(f"{sorted(skip)} not compared: they hold the processor's approximate "
+                    f"rsqrt, and this one's differs from that of the processor the fixtures "
+                    f"were recorded on ({rec}); test_live compares them with TF here")
+
+
+def test_fixture_processor_recorded():
+    # The batch-norm fixtures' rsqrt (Intel's and AMD's differ) is on record, and the
+    # outputs skipped on another processor are real outputs of every batch-norm op.
+    rec = fixture_store.recorded_processor()
+    assert re.fullmatch(r"[0-9a-f]{16}", rec.get("rsqrt_signature", "")), rec
+    assert rec.get("processor")
+    for name, op in tfgrad._opdefs.OPS.items():
+        if op.family == "batch_norm":
+            want = {"x_backprop", "scale_backprop"} if "Grad" in name else {"y"}
+            sets = [_rsqrt_outputs(c, FIXTURES["batch_norm"][c.id][0])
+                    for c in CASES if c.op == name]
+            assert want in sets and all(s in (set(), want) for s in sets), name
 
 
 def test_every_case_has_a_fixture():

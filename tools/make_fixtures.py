@@ -7,6 +7,8 @@
 Each case of the op-case table (tests/cases/) is built with its fixed seed and run
 through tf.raw_ops on TF's reference CPU kernels (TF_ENABLE_ONEDNN_OPTS=0). Cases that
 TF's CPU kernel refuses (``tf_call``) are run in their TF-computable equivalent form.
+Generating batch_norm also writes tests/fixtures/processor.json: which approximate
+reciprocal square root the processor has (see tests/fixture_store.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(argv: list[str]) -> int:
         np.savez_compressed(path, **data)
         print(f"{fam}: {len(cases)} cases -> {path.relative_to(ROOT)} "
               f"({path.stat().st_size // 1024} KiB)")
+        if fam == "batch_norm":  # (its outputs depend on the processor's rsqrtps)
+            fixture_store.record_processor()
     return 0
 
 

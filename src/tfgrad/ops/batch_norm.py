@@ -19,7 +19,10 @@ Forward, is_training=True:
   one Newton step ``(-0.5*y0)*((a*y0)*y0 - 1) + y0`` (no FMA; ``y0`` where that is NaN);
   the tail channels use the exact ``1/sqrt``. tfgrad emits the same instruction (Numba
   intrinsic ``llvm.x86.sse.rsqrt.ps``); on a processor without it (non-x86) it falls back
-  to the exact ``1/sqrt`` and is then only within a few ulps of TF on x86.
+  to the exact ``1/sqrt`` and is then only within a few ulps of TF on x86. The
+  instruction's result is implementation-defined, so TF's own bits depend on the
+  processor's maker: on an Intel Xeon y differs from an AMD EPYC's by up to ~8 ulps
+  (the fixtures were recorded on AMD; tests/fixture_store.py ``rsqrt_signature``).
 - ``batch_mean = mean``, ``batch_variance = var * f32(R / max(R-1, 1))`` (Bessel's correction
   only here; y uses the biased variance; ``R = 1`` gives factor 1). With
   ``exponential_avg_factor = f != 1``: ``batch_mean = (1-f)*mean_in + f*mean`` and
