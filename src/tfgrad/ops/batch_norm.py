@@ -21,7 +21,7 @@ Forward, is_training=True:
   intrinsic ``llvm.x86.sse.rsqrt.ps``); on a processor without it (non-x86) it falls back
   to the exact ``1/sqrt`` and is then only within a few ulps of TF on x86. The
   instruction's result is implementation-defined, so TF's own bits depend on the
-  processor's maker: on an Intel Xeon y differs from an AMD EPYC's by up to ~8 ulps
+  processor's maker: on an Intel Xeon y differed from an AMD EPYC's by up to 8 ulps
   (the fixtures were recorded on AMD; tests/fixture_store.py ``rsqrt_signature``).
 - ``batch_mean = mean``, ``batch_variance = var * f32(R / max(R-1, 1))`` (Bessel's correction
   only here; y uses the biased variance; ``R = 1`` gives factor 1). With
