@@ -171,7 +171,7 @@ def environment() -> dict[str, Any]:
 
     env = {
         "machine": platform.machine(),
-        "processor": _cpu_name(),
+        "processor": tfgrad._config.cpu_name(),
         "cores": os.cpu_count(),
         "numba_threads": numba.get_num_threads(),
         "python": platform.python_version(),
@@ -188,17 +188,6 @@ def environment() -> dict[str, Any]:
     if torch is not None:
         env["torch"] = torch.__version__
     return env
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -33,22 +33,12 @@ def rsqrt_signature() -> str:
     return hashlib.sha256(eigen_rsqrt(bits.view(np.float32)).tobytes()).hexdigest()[:16]
 
 
-def processor_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def record_processor() -> None:
     """Write PROCESSOR for the processor the fixtures are being generated on."""
+    from tfgrad._config import cpu_name
+
     PROCESSOR.write_text(json.dumps({"rsqrt_signature": rsqrt_signature(),
-                                     "processor": processor_name()}, indent=1) + "\n")
+                                     "processor": cpu_name()}, indent=1) + "\n")
 
 
 def recorded_processor() -> dict[str, str]:

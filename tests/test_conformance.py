@@ -44,11 +44,13 @@ def _same_rsqrt() -> bool:
 def _rsqrt_outputs(case, kwargs: dict) -> set[str]:
     """The outputs of a batch-norm case computed with the approximate rsqrt: y,
     x_backprop and scale_backprop, when some channel is in a full packet of 8."""
-    if tfgrad.get_op_def(case.op).family != "batch_norm":
+    op = tfgrad.get_op_def(case.op)
+    if op.family != "batch_norm":
         return set()
-    shape = kwargs["x"].shape
-    c = shape[1] if str(kwargs.get("data_format", "NHWC")).startswith("NC") else shape[-1]
-    names = {o.name for o in tfgrad.get_op_def(case.op).outputs}
+    from tfgrad.ops import batch_norm as bn
+
+    c = bn._channels(kwargs["x"], bn._CHANNEL_LAST[kwargs.get("data_format", "NHWC")])
+    names = {o.name for o in op.outputs}
     return {"y", "x_backprop", "scale_backprop"} & names if c >= 8 else set()
 
 

@@ -1,10 +1,12 @@
-"""Process-wide switches: which implementation runs (kernel or reference)."""
+"""Process-wide switches: which implementation runs (kernel or reference); what the
+machine is (TF's thread count, the processor's name)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import os
+import platform
 from collections.abc import Iterator
 
 _IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("tfgrad_impl", default="kernel")
@@ -52,3 +54,15 @@ def tf_intra_op_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo; else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
