@@ -71,6 +71,28 @@ def time_it(fn: Callable[[], Any], *, repeat: int = 7, min_time: float = 0.05) -
     return statistics.median(samples)
 
 
+def time_interleaved(fns: dict[str, Callable[[], Any]], *, repeat: int = 7,
+                     min_time: float = 0.05) -> dict[str, float]:
+    """Median seconds per call of each closure, their samples taken in turn (a, b, c, a, b,
+    c, ...) rather than one after another: a VM whose memory speed drifts over minutes
+    (RESULTS.md, the two phases) then slows every implementation alike, not just the one
+    that happened to run during a slow spell."""
+    inner = {}
+    for k, fn in fns.items():
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        inner[k] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-7)))
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[k]):
+                fn()
+            samples[k].append((time.perf_counter() - t0) / inner[k])
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 _BANDWIDTH: float | None = None
 
 
@@ -116,26 +138,31 @@ def place(kwargs: dict[str, Any], offset: int = 0) -> dict[str, Any]:
     return out
 
 
-def run_bench(b: Bench, *, smoke: bool = False, seed: int = 0,
-              offset: int = 0) -> dict[str, Any]:
+def run_bench(b: Bench, *, smoke: bool = False, seed: int = 0, offset: int = 0,
+              interleave: bool = False) -> dict[str, Any]:
     import tfgrad
 
     kwargs = place(b.make(np.random.default_rng(seed), smoke), offset)
     fn = getattr(tfgrad.raw_ops, b.name)
     repeat, min_time = (2, 0.0) if smoke else (7, 0.1)
-    row: dict[str, Any] = {"op": b.name, "case": b.shape}
-    row["tfgrad_ms"] = 1e3 * time_it(lambda: fn(**kwargs), repeat=repeat, min_time=min_time)
+    fns: dict[str, Callable[[], Any]] = {"tfgrad": lambda: fn(**kwargs)}
     tf = tf_module()
     if tf is not None:
-        call = b.tf(kwargs) if b.tf else _default_tf(tf, b.name, kwargs)
-        row["tf_ms"] = 1e3 * time_it(call, repeat=repeat, min_time=min_time)
-        row["speedup_vs_tf"] = row["tf_ms"] / row["tfgrad_ms"]
+        fns["tf"] = b.tf(kwargs) if b.tf else _default_tf(tf, b.name, kwargs)
     torch = torch_module()
     if torch is not None and b.torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
-        call = b.torch(kwargs)
-        row["torch_ms"] = 1e3 * time_it(call, repeat=repeat, min_time=min_time)
-        row["speedup_vs_torch"] = row["torch_ms"] / row["tfgrad_ms"]
+        fns["torch"] = b.torch(kwargs)
+    if interleave:
+        secs = time_interleaved(fns, repeat=repeat, min_time=min_time)
+    else:
+        secs = {k: time_it(f, repeat=repeat, min_time=min_time) for k, f in fns.items()}
+    row: dict[str, Any] = {"op": b.name, "case": b.shape}
+    for k, t in secs.items():
+        row[f"{k}_ms"] = 1e3 * t
+    for k in ("tf", "torch"):
+        if k in secs:
+            row[f"speedup_vs_{k}"] = secs[k] / secs["tfgrad"]
     floor_ms = 1e3 * b.nbytes(kwargs) / copy_bandwidth(16 * 2**20 if smoke else 256 * 2**20)
     row["floor_ms"] = floor_ms
     row["x_floor"] = row["tfgrad_ms"] / floor_ms

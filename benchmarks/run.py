@@ -1,11 +1,14 @@
 """Run the benchmarks: ``python benchmarks/run.py [--smoke] [--family NAME] [--rounds K]
-[--json FILE] [--offset BYTES]``.
+[--json FILE] [--offset BYTES] [--interleave]``.
 
 --smoke runs every benchmark once on tiny shapes (CI does this to keep them working).
 --rounds K runs the whole selection K times over and reports medians with each ratio's
 range (a shared VM drifts by 30% within minutes; rounds spread that over every row).
 --offset B starts every input array B bytes past a 64-byte line (default 0: on a line,
 as TF's own tensors are; see harness.place).
+--interleave takes tfgrad's, TF's and PyTorch's timing samples in turn instead of one
+implementation after another (harness.time_interleaved): on a VM whose memory speed drifts
+it keeps a slow spell from landing on one implementation only.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--offset", type=int, default=0,
                    help="bytes past a 64-byte line where each input array starts (0: on a "
                         "line, as TF's own tensors; 16: where NumPy puts large arrays)")
+    p.add_argument("--interleave", action="store_true",
+                   help="take the implementations' timing samples in turn, not one after another")
     args = p.parse_args(argv)
     benches = load(args.family or FAMILIES)
     if args.op:
@@ -53,12 +58,14 @@ def main(argv=None) -> int:
     for k in range(max(1, args.rounds)):
         rows = []
         for b in benches:
-            rows.append(harness.run_bench(b, smoke=args.smoke, offset=args.offset))
+            rows.append(harness.run_bench(b, smoke=args.smoke, offset=args.offset,
+                                          interleave=args.interleave))
             print(f"  [{k + 1}] {b.name} {b.shape}: {rows[-1]['tfgrad_ms']:.3f} ms",
                   file=sys.stderr)
         rounds.append(rows)
     rows = rounds[0] if len(rounds) == 1 else harness.merge_rounds(rounds)
-    print(harness.report(rows, dict(harness.environment(), input_offset=args.offset), args.json))
+    env = dict(harness.environment(), input_offset=args.offset, interleave=args.interleave)
+    print(harness.report(rows, env, args.json))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -22,12 +23,18 @@ def test_benchmark_smoke(tmp_path):
         assert row["tfgrad_ms"] > 0 and row["floor_ms"] > 0
 
 
-def test_rounds_are_merged_into_medians_and_ranges():
+def _bench(*names):
+    """The benchmarks/ modules of these names (that folder is no package)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import harness
+        mods = [importlib.import_module(n) for n in names]
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return mods[0] if len(mods) == 1 else mods
+
+
+def test_rounds_are_merged_into_medians_and_ranges():
+    harness = _bench("harness")
     rounds = [[{"op": "A", "case": "c", "tfgrad_ms": t, "tf_ms": f, "floor_ms": 1.0}]
               for t, f in ((1.0, 3.0), (2.0, 3.0), (4.0, 6.0))]
     (row,) = harness.merge_rounds(rounds)
@@ -38,12 +45,27 @@ def test_rounds_are_merged_into_medians_and_ranges():
     assert "range" in harness.format_table([row])
 
 
+def test_interleaved_timing_takes_the_samples_in_turn():
+    harness = _bench("harness")
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
+    secs = harness.time_interleaved(fns, repeat=3, min_time=0.0)
+    assert set(secs) == {"a", "b", "c"} and all(t >= 0 for t in secs.values())
+    # two warm-up calls each, one implementation after another, then samples in turn
+    assert calls == ["a", "a", "b", "b", "c", "c"] + ["a", "b", "c"] * 3
+
+
+def test_run_bench_interleaved_reports_every_implementation():
+    harness, bench_depthwise_conv = _bench("harness", "bench_depthwise_conv")
+    row = harness.run_bench(bench_depthwise_conv.BENCHES[0], smoke=True, interleave=True)
+    assert row["tfgrad_ms"] > 0 and row["x_floor"] > 0
+    for k in ("tf", "torch"):
+        if f"{k}_ms" in row:
+            assert row[f"speedup_vs_{k}"] == row[f"{k}_ms"] / row["tfgrad_ms"]
+
+
 def test_inputs_are_placed_at_the_asked_offset_from_a_line():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    harness = _bench("harness")
     import numpy as np
 
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -75,13 +97,8 @@ def test_bounds_smoke(tmp_path):
 
 
 def test_bounds_count_the_ops_bytes_and_multiply_adds():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_batch_norm
-        import bench_depthwise_conv
-        import bounds
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_batch_norm, bench_depthwise_conv, bounds = _bench(
+        "bench_batch_norm", "bench_depthwise_conv", "bounds")
     import numpy as np
 
     rng = np.random.default_rng(0)
