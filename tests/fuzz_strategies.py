@@ -409,6 +409,8 @@ def _depthwise(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Exam
     s = int(rng.integers(1, 4))
     sh, sw = (s, s) if rng.random() < 0.85 else (s, int(rng.integers(1, 4)))
     d = int(rng.integers(1, 3)) if rng.random() < 0.3 else 1
+    if rng.random() < 0.03:  # far beyond the input: gaps between taps in the padding
+        d = int(rng.choice([10**9, 2**40, 2**62 - 1]))
     padding = str(rng.choice(["SAME", "VALID", "EXPLICIT"]))
     pads = [int(p) for p in rng.integers(0, 3, size=4)]
     if fmt == "NHWC":

@@ -47,10 +47,16 @@ def test_raw_ops_are_keyword_only():
 
 
 def test_missing_and_unknown_arguments_are_type_errors():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"FakeQuantWithMinMaxVars\(\): missing .* 'max'"):
         tfgrad.raw_ops.FakeQuantWithMinMaxVars(inputs=np.zeros(3, np.float32), min=0.0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nbits'; its arguments: "
+                                        "inputs, min, max, num_bits"):
         tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=np.zeros(3, np.float32), nbits=8)
+    # a misspelt input is named as such, not reported as the input it should have been
+    with pytest.raises(TypeError, match="depthwise_conv2d_native.* unexpected .* 'filtr'"):
+        tfgrad.depthwise_conv2d_native(np.zeros((1, 3, 3, 1), np.float32),
+                                       filtr=np.zeros((1, 1, 1, 1), np.float32),
+                                       strides=[1, 1, 1, 1], padding="SAME")
     with pytest.raises(TypeError, match="strides"):
         tfgrad.raw_ops.DepthwiseConv2dNative(
             input=np.zeros((1, 3, 3, 1), np.float32), filter=np.zeros((1, 1, 1, 1), np.float32),

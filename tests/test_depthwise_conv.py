@@ -538,6 +538,79 @@ def test_live_tf_denormals_and_signed_zeros(dt):
                 oracle.assert_same(BF(**bf), oracle.run_tf(BF.OP_NAME, bf))
 
 
+def _three_ops(x, w, g, attrs):  # type: ignore[no-untyped-def]
+    """(op, kwargs) of the three ops on one convolution."""
+    return [(FWD, {"input": x, "filter": w, **attrs}),
+            (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w, "out_backprop": g,
+                  **attrs}),
+            (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g,
+                  **attrs})]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(4, 9), st.integers(1, 9),
+       st.integers(1, 3), st.sampled_from(["SAME", "VALID"]),
+       st.sampled_from(["float32", "float64", "float16", "bfloat16"]), st.integers(0, 2**32 - 1))
+def test_wide_dilations_equal_the_explicitly_dilated_filter(fh, fw, dh, dw, s, padding, dtype,
+                                                             seed):
+    """Dilations wider than the live-TF tests take (4-9), on inputs that cancel into
+    signed zeros: kernel and reference equal tfgrad's undilated kernel run with the
+    filter dilated explicitly (TF's definition), where every inserted zero is a real tap.
+    The dilated paths instead decide from each gap between real taps whether an inserted
+    zero turns a -0 sum into +0 (ops.depthwise_conv.gap_turns_plus)."""
+    from tests.cases.depthwise_conv import _nhwc_call
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    H, W = (fh - 1) * dh + 1 + int(rng.integers(0, 4)), (fw - 1) * dw + 1 + int(rng.integers(0, 4))
+    x, w = _cancelling(rng, (2, H, W, 2), dt), _cancelling(rng, (fh, fw, 2, 2), dt, True)
+    attrs = {"strides": [1, s, s, 1], "padding": padding, "dilations": [1, dh, dw, 1]}
+    g = _cancelling(rng, FWD(input=x, filter=w, **attrs).shape, dt)
+    for fn, kw in _three_ops(x, w, g, attrs):
+        op, ekw = _nhwc_call(fn.OP_NAME, kw, False, (dh, dw), w.shape)
+        want = getattr(raw, op)(**ekw)
+        if fn is BF:
+            want = want[::dh, ::dw]
+        for impl in ("kernel", "reference"):
+            with tfgrad.use_impl(impl):
+                oracle.assert_same(fn(**kw), want, what=f"{impl} {fn.OP_NAME} {dtype}")
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+@pytest.mark.parametrize("M, C", [(1, 3), (2, 16)])  # (2, 16): the multiplier rings, blocked
+def test_huge_dilation_is_computed_in_time_and_memory(impl, M, C):
+    """A dilation beyond the input (here 10**12, SAME) leaves each real tap's row inside
+    or in the padding exactly as a dilation of H + 2 does, and every gap between them
+    reaches the padding: the results must be the same. Before, the -0 redo walked every
+    inserted tap (10**12 of them: a hang) and the multiplier rings held (fh - 1) *
+    dilation + 1 rows (out of memory); the reference padded x by the dilation."""
+    rng = np.random.default_rng(3)
+    x = _cancelling(rng, (2, 2, 5, C), np.float32)
+    x[0, :, :2] = np.array([-2e-38, 1.5e-38], np.float32)[:, None]  # a sum that flushes to -0
+    w = _cancelling(rng, (3, 3, C, M), np.float32, True)
+    w[2] = -1  # (the padding rows after it add 0 * -1 = -0: TF's sum stays -0 until a gap)
+    out = {}
+    for d in (10**12, 6 * 10**12, 4):  # (6 * 10**12: 3 and 5 divide it, a 7-row ring)
+        attrs = {"strides": [1, 1, 1, 1], "padding": "SAME", "dilations": [1, d, 1, 1]}
+        g = _cancelling(np.random.default_rng(4), (2, 2, 5, C * M), np.float32)
+        with tfgrad.use_impl(impl):
+            out[d] = [fn(**kw) for fn, kw in _three_ops(x, w, g, attrs)]
+    for d in (10**12, 6 * 10**12):
+        for a, b in zip(out[d], out[4]):
+            oracle.assert_same(a, b, what=f"dilation {d}")
+
+
+@pytest.mark.parametrize("fn", [FWD, BI, BF])
+def test_effective_filter_size_beyond_int64_is_rejected(fn):
+    x, w = np.ones((1, 4, 4, 1), np.float32), np.ones((3, 3, 1, 1), np.float32)
+    attrs = {"strides": [1, 1, 1, 1], "padding": "SAME", "dilations": [1, 2**62, 1, 1]}
+    kw = dict(_three_ops(x, w, x, attrs))[fn]
+    with pytest.raises(tfgrad.InvalidArgumentError, match="does not fit in int64"):
+        fn(**kw)
+    kw["dilations"] = [1, 2**62 - 1, 1, 1]  # (3 - 1) * d + 1 = 2**63 - 1 fits
+    assert fn(**kw).shape == (x.shape if fn is BI else w.shape if fn is BF else x.shape)
+
+
 def test_inf_filter_over_padding_is_nan():
     y = FWD(input=np.ones((1, 1, 1, 1), np.float32),
             filter=np.array([np.inf, 1, 1], np.float32).reshape(1, 3, 1, 1),
@@ -604,6 +677,25 @@ def test_live_tf_backprops_ignore_dilations():
     tf_dil = oracle.run_tf(BI.OP_NAME, {**kw, "dilations": [1, 2, 2, 1]})
     oracle.assert_same(tf_dil, oracle.run_tf(BI.OP_NAME, kw))
     assert not np.array_equal(BI(**kw, dilations=[1, 2, 2, 1]), tf_dil)
+
+
+@pytest.mark.live
+def test_live_tf_default_build_aborts_on_a_dilation_beyond_int32():
+    """Pins what the module docstring records: with oneDNN on, TF 2.21 kills the whole
+    process on a dilation of 2**31 (a CHECK in its oneDNN layout pass, which reads
+    dilations as int32). tfgrad computes the convolution."""
+    code = ("import numpy as np, tensorflow as tf\n"
+            "tf.raw_ops.DepthwiseConv2dNative(input=np.ones((1, 2, 2, 1), np.float32), "
+            "filter=np.ones((2, 1, 1, 1), np.float32), strides=[1, 1, 1, 1], "
+            "padding='SAME', dilations=[1, 2**31, 1, 1])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"})
+    assert r.returncode != 0 and "out of range for an int32" in r.stderr, r.stderr[-2000:]
+    x = np.arange(4, dtype=np.float32).reshape(1, 2, 2, 1)
+    y = FWD(input=x, filter=np.array([1, 2, 3], np.float32).reshape(3, 1, 1, 1),
+            strides=[1, 1, 1, 1], padding="SAME", dilations=[1, 2**31, 1, 1])
+    oracle.assert_same(y, 2 * x)  # SAME pads 2**31 rows before: rows 0 and 2 of the
+    # filter fall in the padding, row 1 on the output's own row
 
 
 def test_input_sizes_int64_accepted():

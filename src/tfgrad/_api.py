@@ -133,7 +133,14 @@ def make_function(op: OpDef, style: str) -> Callable[..., Any]:
         if style == "raw" and args:
             raise TypeError(f"raw_ops.{op.name} only takes keyword arguments, got {len(args)} "
                             "positional")
-        bound = sig.bind(*args, **kwargs)
+        unknown = sorted(kwargs.keys() - names)
+        if unknown:  # (named before any missing argument: a misspelt one is both)
+            raise TypeError(f"{fn.__name__}() got an unexpected keyword argument "
+                            f"{unknown[0]!r}; its arguments: {', '.join(sig.parameters)}")
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{fn.__name__}(): {e}") from None
         bound.apply_defaults()
         return call(op, bound.arguments)
 

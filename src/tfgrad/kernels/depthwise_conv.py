@@ -91,6 +91,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from ..ops.depthwise_conv import gap_turns_plus
 from ._pool import claim, num_threads
 from ._pool import run as _pool_run
 from ._simd import (
@@ -663,7 +664,8 @@ def _backprop_input_any(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, siz
 # only when it is -0 (a sum that flushed or underflowed), turning it into +0. A kernel
 # that skips such taps therefore returns TF's bits except that some of TF's +0 come out
 # -0 (never the reverse: adding a zero cannot make a -0), so its -0 outputs are redone
-# exactly, every tap computed, by the element functions below. The register-blocked
+# exactly by the element functions below: every real tap computed, each gap of inserted
+# taps between two decided by _gap_turns_plus. The register-blocked
 # kernels start the sums they test from ``vzeros_opaque``: LLVM assumes no FTZ, where a
 # sum started from +0 is never -0, and folded the test away when they started from +0.
 # --------------------------------------------------------------------------------------
@@ -695,36 +697,39 @@ def _any_negzero(a):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def _tap_step(acc, real, wv, v, zero, mode):  # type: ignore[no-untyped-def]
-    """acc + wv * v for a real tap; for an inserted zero, acc + 0 * v (a finite v's
-    signed zero: the dilated convolution has no such tap, so no inf * 0 = NaN either)."""
-    if real:
-        acc = acc + wv * v
-    elif np.isfinite(v):
-        acc = acc + zero * v
+def _tap_step(acc, wv, v, mode):  # type: ignore[no-untyped-def]
+    """acc + wv * v, rounded to T."""
+    acc = acc + wv * v
     return acc if mode == NONE else _round(acc, mode)
+
+
+_gap_turns_plus = njit(inline="always")(gap_turns_plus)
 
 
 @njit(inline="always")
 def _backprop_input_exact(w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lanes, per):  # type: ignore[no-untyped-def]  # noqa: E501
     """One BackpropInput element as TF computes it with the explicitly dilated filter:
-    every tap, pairing w with the out_backprop value it reaches (0 where none)."""
+    every real tap, pairing w with the out_backprop value it reaches (0 where none);
+    after each, the inserted zeros up to the next real tap (_gap_turns_plus)."""
     fh, fw, _, M = w.shape
     oh, ow = g.shape[1], g.shape[2]
     zero = np.zeros(1, w.dtype)[0]
-    per[:M] = zero
-    for R in range((fh - 1) * dh + 1):
-        p = ii + pt - R
-        oi = p // sh
-        rhit = p - oi * sh == 0 and 0 <= oi < oh
-        for Cc in range((fw - 1) * dw + 1):
-            q = jj + pl - Cc
-            oj = q // sw
-            hit = rhit and q - oj * sw == 0 and 0 <= oj < ow
-            real = R % dh == 0 and Cc % dw == 0
-            for m in range(M):
+    for m in range(M):
+        acc = zero
+        for r in range(fh):
+            p = ii + pt - r * dh
+            oi = p // sh
+            rhit = p - oi * sh == 0 and 0 <= oi < oh
+            for c in range(fw):
+                q = jj + pl - c * dw
+                oj = q // sw
+                hit = rhit and q - oj * sw == 0 and 0 <= oj < ow
                 gv = g[n, oi, oj, k * M + m] if hit else zero
-                per[m] = _tap_step(per[m], real, w[R // dh, Cc // dw, k, m], gv, zero, mode)
+                acc = _tap_step(acc, w[r, c, k, m], gv, mode)
+                if _negzero(acc) and _gap_turns_plus(g, n, k * M + m, ii + pt, jj + pl, -1,
+                                                     r, c, fh, fw, dh, dw, sh, sw):
+                    acc = zero
+        per[m] = acc
     if M == 1:  # (no reduction: 0 + v would turn a -0 into +0)
         return per[0]
     return _reduce_multiplier(per, 0, M, lanes, mode, zero)
@@ -748,7 +753,8 @@ def _redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):  # type
 @njit(nogil=True, cache=True)
 def _redo_negzero_forward(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):  # type: ignore[no-untyped-def]  # noqa: E501
     """Forward with dilations: the -0 outputs of the rows marked in ``rows`` redone with
-    the explicitly dilated filter's inserted zeros, as TF computes that convolution."""
+    the explicitly dilated filter's inserted zeros, as TF computes that convolution
+    (_gap_turns_plus)."""
     N, H, W, C = x.shape
     fh, fw, _, M = w.shape
     oh, ow = out.shape[1], out.shape[2]
@@ -762,14 +768,16 @@ def _redo_negzero_forward(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):  # typ
                         continue
                     k, m = oc // M, oc % M
                     acc = zero
-                    for R in range((fh - 1) * dh + 1):
-                        ii = i * sh - pt + R
-                        for Cc in range((fw - 1) * dw + 1):
-                            jj = j * sw - pl + Cc
+                    for r in range(fh):
+                        ii = i * sh - pt + r * dh
+                        for c in range(fw):
+                            jj = j * sw - pl + c * dw
                             xv = x[n, ii, jj, k] if 0 <= ii < H and 0 <= jj < W else zero
-                            real = R % dh == 0 and Cc % dw == 0
-                            acc = _tap_step(acc, real, w[R // dh, Cc // dw, k, m], xv, zero,
-                                            mode)
+                            acc = _tap_step(acc, w[r, c, k, m], xv, mode)
+                            if _negzero(acc) and _gap_turns_plus(
+                                    x, n, k, i * sh - pt, j * sw - pl, 1, r, c, fh, fw, dh,
+                                    dw, 1, 1):
+                                acc = zero
                     out[n, i, j, oc] = acc
 
 
@@ -799,6 +807,28 @@ _VEC_SIZES = frozenset({(1, 1), (2, 2), (3, 3), (5, 5), (7, 7)})  # (fw <= 7)
 _VEC_KERNELS: dict[tuple, object] = {}
 _STREAM_MIN_BYTES = STREAM_MIN_BYTES  # (tests lower it)
 _P = 4  # output pixels per register block
+
+
+@njit(inline="always")
+def _ring_rows(FH, dh):  # type: ignore[no-untyped-def]
+    """Rows of a kernel's row ring (slot: row mod its size). The span of a filter's rows,
+    (FH - 1) * dh + 1, keeps a row in place for the next output rows that need it; past
+    8 * FH rows (a large dilation, which would size the ring by the dilation) the
+    smallest prime p >= FH that does not divide dh, where one output row's FH rows still
+    take distinct slots (p divides no t * dh, 0 < t < FH)."""
+    span = (FH - 1) * dh + 1
+    if span <= 8 * FH:
+        return span
+    p = FH
+    while True:
+        prime = p >= 2
+        f = 2
+        while prime and f * f <= p:
+            prime = p % f != 0
+            f += 1
+        if prime and dh % p != 0:
+            return p
+        p += 1
 
 
 @njit(inline="always")
@@ -975,7 +1005,7 @@ def _make_forward_vec(FH: int, FW: int, stream: bool):  # type: ignore[no-untype
         CS = W * NL if blocked else NL  # src's channel-vector stride
         xf, wf, of = x.reshape(x.size), w.reshape(w.size), out.reshape(out.size)
         zero = np.zeros(1, x.dtype)[0]
-        R = (FH - 1) * dh + 1 if M > 1 else 0
+        R = _ring_rows(FH, dh) if M > 1 else 0
         ring = aligned_scratch(R * WC, x)
         tags = np.full(R, -1, np.int64)
         src = xf if M == 1 else ring
@@ -1198,7 +1228,7 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
         gf, wf, of = g.reshape(g.size), w.reshape(w.size), out.reshape(out.size)
         GS = NL if blocked else CM  # gs's pixel stride
         CS = ow * NL if blocked else NL  # gs's channel-vector stride
-        R = (FH - 1) * dh + 1 if blocked else 0  # (an input row's out_backprop rows span
+        R = _ring_rows(FH, dh) if blocked else 0  # (an input row's out_backprop rows span
         ring = aligned_scratch(R * ow * CM, w)  # at most (FH - 1) * dh // sh + 1)
         tags = np.full(R, -1, np.int64)
         gs = ring if blocked else gf
@@ -1521,7 +1551,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         CV = CM - CM % NL
         xf, gf = x.reshape(x.size), g.reshape(g.size)
         zero = np.zeros(1, x.dtype)[0]
-        R = (FH - 1) * dh + 1 if M > 1 else 0
+        R = _ring_rows(FH, dh) if M > 1 else 0
         ring = aligned_scratch(R * W * CM, x)
         tags = np.full(R, -1, np.int64)
         src = xf if M == 1 else ring

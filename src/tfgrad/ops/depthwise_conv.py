@@ -49,8 +49,13 @@ Which bits: NCHW gives the bits of the NHWC computation (transposed). A dilated
 convolution gives the bits of TF's kernel run with the filter dilated explicitly (zeros
 inserted between the taps; for BackpropFilter, the zero-inserted filter's gradient at the
 real taps), zero signs included: an inserted tap adds ``x * 0`` (``g * 0``), which
-changes nothing unless the sum is -0 (see above), so the kernels skip it and redo the
-elements that came out -0 with it (the NumPy reference computes every inserted tap).
+changes nothing unless the sum is -0 (see above), where it makes +0 if the value it
+meets is finite without a sign bit (the padding's 0 included). The kernels skip the
+inserted taps and redo the elements that came out -0; the redo and the NumPy reference
+take the real taps one by one and decide each gap of inserted taps between two of them
+at once (``gap_turns_plus``: a gap that reaches the padding turns a -0 into +0, one
+inside the input is scanned), so that no path walks a huge dilation's inserted taps
+(a dilation of 10**10 made the redo run for hours, and the reference padded x by it).
 Only an inf or NaN input under an inserted zero differs: TF's zero-inserted filter would
 compute ``inf * 0 = NaN`` there, while the dilated convolution has no such tap (tfgrad
 adds nothing for it). Padding taps of real filter taps are still computed as ``0 * w``,
@@ -64,7 +69,10 @@ it; tfgrad requires 4 positive values everywhere).
 Validation: ranks, depths, sizes (negative, or a product beyond int64), strides,
 dilations, explicit paddings and an out_backprop shape that does not match what the
 sizes and attrs imply raise InvalidArgumentError with TF's messages (prefixed by the op
-name, with the values). Zero-size outputs are empty arrays. Where TF returns
+name, with the values). So does an effective filter size ``(f - 1) * d + 1`` beyond
+int64, where TF's window arithmetic overflows (and TF 2.21's default build aborts the
+whole process on any dilation of 2**31 or more: its oneDNN layout pass reads dilations
+as int32). Zero-size outputs are empty arrays. Where TF returns
 uninitialised memory tfgrad returns the empty sum, zeros: BackpropFilter with batch 0 or
 with an empty out_backprop (a zero-size output), BackpropInput with channel multiplier 0.
 """
@@ -181,6 +189,10 @@ def window(op: str, n: int, f: int, s: int, d: int, padding: str,
     """(output size, padding before) along one spatial dim, as TF's
     GetWindowedOutputSizeVerbose (C++ division truncates toward zero)."""
     fe = (f - 1) * d + 1 if f > 0 else 0
+    if fe > 2**63 - 1:  # (TF's own window arithmetic is int64, as the kernels')
+        raise InvalidArgumentError(
+            f"{op}: effective filter size (filter_size - 1) * dilation + 1 = {fe} does not "
+            f"fit in int64 [filter_size: {f}, dilation: {d}]")
     if padding == "SAME":
         o = (n + s - 1) // s
         need = max(0, (o - 1) * s + fe - n)
@@ -379,40 +391,88 @@ def _add(acc: np.ndarray, v: np.ndarray) -> np.ndarray:
     return (acc.astype(_F32) + v.astype(_F32)).astype(acc.dtype)
 
 
-def _padded(x: np.ndarray, geo: Geometry) -> np.ndarray:
-    """x with geo.pt / geo.pl zero rows / columns before, and enough zeros after for every
-    window position."""
-    hp = max(geo.pt + geo.H, (geo.fh - 1) * geo.dh + geo.sh * (geo.oh - 1) + 1)
-    wp = max(geo.pl + geo.W, (geo.fw - 1) * geo.dw + geo.sw * (geo.ow - 1) + 1)
-    xp = np.zeros((geo.N, hp, wp, geo.C), x.dtype)
-    xp[:, geo.pt:geo.pt + geo.H, geo.pl:geo.pl + geo.W] = x
-    return xp
+def gap_turns_plus(a, n, ch, p0, q0, sgn, r, c, fh, fw, dh, dw, sp, sq):  # type: ignore[no-untyped-def]  # noqa: E501
+    """Whether the inserted zeros of TF's explicitly dilated filter between real tap (r, c)
+    and the next one in row-major order turn a -0 sum into +0 (the kernels compile this
+    function too).
+
+    Tap (r, c) reads position (p0 + sgn * r * dh, q0 + sgn * c * dw): sgn = +1 for the
+    forward (positions in x), -1 for BackpropInput (positions in out_backprop's
+    zero-filled, stride-spread grid). An inserted tap adds 0 * v, nothing for a
+    non-finite v (the dilated convolution has no such tap). 0 * v is +0 exactly when v
+    is finite without a sign bit, and a +0 added to a -0 sum makes it +0 (adding a zero
+    changes nothing else). Position (p, q) reads v = a[n, p / sp, q / sq, ch] when sp
+    divides p, sq divides q and the element exists, else 0: the padding, or a
+    position between out_backprop's strides. So the answer needs no loop over the gap's
+    taps, which a huge dilation would make endless: a gap that reaches a 0 turns the sum
+    +0, and one that does not lies inside ``a`` and is scanned."""
+    if c + 1 < fw:  # the columns between taps c and c + 1 of filter row r
+        if dw == 1:
+            return False
+        pa = pb = p0 + sgn * r * dh
+        qa, qb = q0 + sgn * (c * dw + 1), q0 + sgn * ((c + 1) * dw - 1)
+    elif r + 1 < fh:  # the rows between filter rows r and r + 1, every column
+        if dh == 1:
+            return False
+        pa, pb = p0 + sgn * (r * dh + 1), p0 + sgn * ((r + 1) * dh - 1)
+        qa, qb = q0, q0 + sgn * (fw - 1) * dw
+    else:
+        return False
+    p1, p2, q1, q2 = min(pa, pb), max(pa, pb), min(qa, qb), max(qa, qb)
+    if (sp > 1 and p2 > p1) or (sq > 1 and q2 > q1) or p1 % sp != 0 or q1 % sq != 0:
+        return True  # a position between two strides
+    r1, r2, c1, c2 = p1 // sp, p2 // sp, q1 // sq, q2 // sq
+    if r1 < 0 or c1 < 0 or r2 >= a.shape[1] or c2 >= a.shape[2]:
+        return True  # the padding
+    for i in range(r1, r2 + 1):
+        for j in range(c1, c2 + 1):
+            v = a[n, i, j, ch]
+            if np.isfinite(v) and not np.signbit(v):
+                return True
+    return False
 
 
-def _taps(geo: Geometry) -> list[tuple[int, int, tuple[int, int] | None]]:
-    """The taps of TF's explicitly dilated filter in row-major order: (row offset,
-    column offset, the filter tap, or None for an inserted zero)."""
-    return [(R, Cc, (R // geo.dh, Cc // geo.dw) if R % geo.dh == 0 and Cc % geo.dw == 0
-             else None)
-            for R in range((geo.fh - 1) * geo.dh + 1) for Cc in range((geo.fw - 1) * geo.dw + 1)]
+def _at(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """a[:, rows][:, :, cols], with 0 where a row or column index falls outside a (the
+    padding, or an out_backprop position between two strides, given as -1)."""
+    v = np.zeros((a.shape[0], rows.size, cols.size) + a.shape[3:], a.dtype)
+    ri = np.flatnonzero((rows >= 0) & (rows < a.shape[1]))
+    ci = np.flatnonzero((cols >= 0) & (cols < a.shape[2]))
+    v[:, ri[:, None], ci[None, :]] = a[:, rows[ri][:, None], cols[ci][None, :]]
+    return v
 
 
-def _inserted(v: np.ndarray) -> np.ndarray:
-    """What an inserted zero tap multiplies by 0: v, with non-finite values as 0 (TF's
-    dilated filter would make inf * 0 = NaN there; the dilated convolution has no tap)."""
-    return np.where(np.isfinite(v), v, np.zeros((), v.dtype))
+def _signs_view(a: np.ndarray) -> np.ndarray:
+    """a as float32 or float64 (same signs and finiteness) for gap_turns_plus."""
+    return a if not _is_half(a.dtype) else a.astype(_F32)
+
+
+def _apply_gaps(acc: np.ndarray, a: np.ndarray, p0: np.ndarray, q0: np.ndarray, sgn: int,
+                r: int, c: int, geo: Geometry, sp: int, sq: int) -> None:
+    """acc [N, P, Q, C, M] after real tap (r, c): the -0 sums that the inserted zeros
+    before the next real tap turn +0 (see gap_turns_plus); position (P, Q)'s tap (0, 0)
+    reads (p0[P], q0[Q]) of a [N, ., ., C * M]."""
+    if geo.dh == 1 and geo.dw == 1:
+        return
+    for n, i, j, k, m in np.argwhere((acc == 0) & np.signbit(acc)):
+        if gap_turns_plus(a, n, k * geo.M + m, int(p0[i]), int(q0[j]), sgn, r, c, geo.fh,
+                          geo.fw, geo.dh, geo.dw, sp, sq):
+            acc[n, i, j, k, m] = 0
 
 
 def forward_reference(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     out = np.zeros((geo.N, geo.oh, geo.ow, geo.C, geo.M), x.dtype)
     if out.size == 0:
         return out.reshape(geo.N, geo.oh, geo.ow, geo.C * geo.M)
-    xp = _padded(x, geo)
-    hspan, wspan = geo.sh * (geo.oh - 1) + 1, geo.sw * (geo.ow - 1) + 1
-    zero = np.zeros((), x.dtype)
-    for R, Cc, tap in _taps(geo):  # row-major; padding taps compute 0 * w
-        xt = xp[:, R:R + hspan:geo.sh, Cc:Cc + wspan:geo.sw, :, None]
-        out = _step(out, xt, w[tap]) if tap else _step(out, _inserted(xt), zero)
+    i0 = np.arange(geo.oh) * geo.sh - geo.pt  # where tap (0, 0) of each output reads
+    j0 = np.arange(geo.ow) * geo.sw - geo.pl
+    dilated = geo.dh > 1 or geo.dw > 1
+    xs = np.repeat(_signs_view(x), geo.M, axis=3) if dilated else x  # (k * M + m reads k)
+    for r in range(geo.fh):  # real taps in row-major order; padding taps compute 0 * w
+        for c in range(geo.fw):
+            xt = _at(x, i0 + r * geo.dh, j0 + c * geo.dw)[..., None]
+            out = _step(out, xt, w[r, c])
+            _apply_gaps(out, xs, i0, j0, 1, r, c, geo, 1, 1)
     return out.reshape(geo.N, geo.oh, geo.ow, geo.C * geo.M)
 
 
@@ -447,19 +507,19 @@ def backprop_input_reference(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.
     per = np.zeros((N, H, W, C, M), w.dtype)
     if per.size == 0 or geo.fh == 0 or geo.fw == 0:  # no taps, or M = 0: empty sums
         return np.zeros((N, H, W, C), w.dtype)  # (TF leaves M = 0 uninitialised)
-    # gp[:, offh + p] holds out_backprop row p / sh when p is a multiple of sh (zeros
-    # elsewhere); input row i meets tap r at p = i + pt - r * dh.
-    offh, offw = (geo.fh - 1) * geo.dh, (geo.fw - 1) * geo.dw
-    hp = offh + max(geo.sh * (geo.oh - 1) + 1, geo.pt + H)
-    wp = offw + max(geo.sw * (geo.ow - 1) + 1, geo.pl + W)
-    gp = np.zeros((N, hp, wp, C, M), w.dtype)
-    gp[:, offh:offh + geo.sh * geo.oh:geo.sh, offw:offw + geo.sw * geo.ow:geo.sw] = (
-        g.reshape(N, geo.oh, geo.ow, C, M))
-    zero = np.zeros((), w.dtype)
-    for R, Cc, tap in _taps(geo):
-        h0, w0 = offh + geo.pt - R, offw + geo.pl - Cc
-        gt = gp[:, h0:h0 + H, w0:w0 + W]
-        per = _step(per, w[tap], gt) if tap else _step(per, zero, _inserted(gt))
+    # Input pixel (i, j) meets tap (r, c) at out_backprop position (p / sh, q / sw), p =
+    # i + pt - r * dh, q = j + pl - c * dw, when the strides divide p and q; every other
+    # tap pairs w with 0 (TF's zero-filled buffer), NaN for an inf w.
+    p0, q0 = np.arange(H) + geo.pt, np.arange(W) + geo.pl
+    g5 = g.reshape(N, geo.oh, geo.ow, C, M)
+    gs = _signs_view(g)
+    for r in range(geo.fh):
+        for c in range(geo.fw):
+            p, q = p0 - r * geo.dh, q0 - c * geo.dw
+            rows = np.where(p % geo.sh == 0, p // geo.sh, -1)
+            cols = np.where(q % geo.sw == 0, q // geo.sw, -1)
+            per = _step(per, w[r, c], _at(g5, rows, cols))
+            _apply_gaps(per, gs, p0, q0, -1, r, c, geo, geo.sh, geo.sw)
     return reduce_multiplier(per)
 
 
@@ -467,13 +527,12 @@ def backprop_filter_reference(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np
     N, C, M = geo.N, geo.C, geo.M
     buf = np.zeros((N, geo.fh, geo.fw, C, M), x.dtype)
     if buf.size and geo.oh * geo.ow:
-        xp = _padded(x, geo)
         g5 = g.reshape(N, geo.oh, geo.ow, 1, 1, C, M)
-        rows = np.arange(geo.fh) * geo.dh
-        cols = np.arange(geo.fw) * geo.dw
+        rows = np.arange(geo.fh) * geo.dh - geo.pt
+        cols = np.arange(geo.fw) * geo.dw - geo.pl
         for i in range(geo.oh):  # output positions in row-major order, per image
             for j in range(geo.ow):
-                patch = xp[:, i * geo.sh + rows][:, :, j * geo.sw + cols]
+                patch = _at(x, i * geo.sh + rows, j * geo.sw + cols)  # (padding taps: g * 0)
                 buf = _step(buf, g5[:, i, j], patch[..., None])
     total = np.zeros((geo.fh, geo.fw, C, M), x.dtype)
     for b in range(N):  # per-image buffers added in batch order
