@@ -716,6 +716,24 @@ def test_memory_limit(monkeypatch):
            padding="VALID")
 
 
+def test_memory_limit_counts_working_arrays(monkeypatch):
+    """The per-image filter gradients (N times the filter: TF's batch-order sum) and the
+    float32 copies of half inputs are checked, not only the outputs."""
+    x = np.zeros((1000, 1, 1, 8), np.float32)
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", str(3 * 3 * 8 * 4 * 999))  # one image short
+    with pytest.raises(tfgrad.ResourceLimitError, match="per-image filter gradients"):
+        BF(input=x, filter_sizes=[3, 3, 8, 1], out_backprop=x, strides=[1, 1, 1, 1],
+           padding="SAME")
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", str(3 * 3 * 8 * 4 * 1000))
+    assert BF(input=x, filter_sizes=[3, 3, 8, 1], out_backprop=x, strides=[1, 1, 1, 1],
+              padding="SAME").shape == (3, 3, 8, 1)
+    xh = np.zeros((1, 50, 50, 2), np.float16)
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", str(xh.nbytes + 10))  # the output fits
+    with pytest.raises(tfgrad.ResourceLimitError, match="float32 working copy of input"):
+        FWD(input=xh, filter=np.ones((1, 1, 2, 1), np.float16), strides=[1, 1, 1, 1],
+            padding="SAME")
+
+
 # --------------------------------------------------------------------------------------
 # Thread-count independence
 # --------------------------------------------------------------------------------------
