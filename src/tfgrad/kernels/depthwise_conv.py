@@ -703,6 +703,8 @@ def _tap_step(acc, wv, v, mode):  # type: ignore[no-untyped-def]
     return acc if mode == NONE else _round(acc, mode)
 
 
+# (The reference's own function, compiled into the cached redo kernels below. Numba keys
+# their cache on this file alone: after editing gap_turns_plus, clear __pycache__.)
 _gap_turns_plus = njit(inline="always")(gap_turns_plus)
 
 
