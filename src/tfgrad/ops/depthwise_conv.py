@@ -55,7 +55,7 @@ inserted taps and redo the elements that came out -0; the redo and the NumPy ref
 take the real taps one by one and decide each gap of inserted taps between two of them
 at once (``gap_turns_plus``: a gap that reaches the padding turns a -0 into +0, one
 inside the input is scanned), so that no path walks a huge dilation's inserted taps
-(a dilation of 10**10 made the redo run for hours, and the reference padded x by it).
+(the redo took ~8 ns per unit of dilation: over a minute at 10**10, hours at 10**12).
 Only an inf or NaN input under an inserted zero differs: TF's zero-inserted filter would
 compute ``inf * 0 = NaN`` there, while the dilated convolution has no such tap (tfgrad
 adds nothing for it). Padding taps of real filter taps are still computed as ``0 * w``,
