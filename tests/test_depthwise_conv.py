@@ -83,16 +83,22 @@ def test_backprops_are_exact_adjoints(prob, seed):
     assert abs(float(np.vdot(dw, w)) - lhs) <= 1e-12 * scale
 
 
+def _three_ops(x, w, g, attrs):  # type: ignore[no-untyped-def]
+    """(op, kwargs) of the three ops on one convolution."""
+    return [(FWD, {"input": x, "filter": w, **attrs}),
+            (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w, "out_backprop": g,
+                  **attrs}),
+            (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g,
+                  **attrs})]
+
+
 def _kernel_equals_reference(x, w, g, attrs, what):  # type: ignore[no-untyped-def]
     """All three ops, kernel against the NumPy reference, bit for bit."""
-    calls = [(FWD, {"input": x, "filter": w}),
-             (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w, "out_backprop": g}),
-             (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g})]
-    for fn, kw in calls:
+    for fn, kw in _three_ops(x, w, g, attrs):
         with tfgrad.use_impl("kernel"):
-            a = fn(**kw, **attrs)
+            a = fn(**kw)
         with tfgrad.use_impl("reference"):
-            b = fn(**kw, **attrs)
+            b = fn(**kw)
         oracle.assert_same(a, b, what=f"{fn.__name__} {what}")
 
 
@@ -498,13 +504,7 @@ def test_live_tf_signed_zeros(dt, f, C, M, s, d):
         w = _cancelling(rng, (f, f, C, M), dt, True)
         attrs = {"strides": [1, s, s, 1], "padding": padding, "dilations": [1, dh, dw, 1]}
         g = _cancelling(rng, FWD(input=x, filter=w, **attrs).shape, dt)
-        calls = [(FWD, {"input": x, "filter": w}),
-                 (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w,
-                       "out_backprop": g}),
-                 (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32),
-                       "out_backprop": g})]
-        for fn, kw in calls:
-            kw = {**kw, **attrs}
+        for fn, kw in _three_ops(x, w, g, attrs):
             want = oracle.run_tf(*_nhwc_call(fn.OP_NAME, kw, False, (dh, dw), w.shape))
             if fn is BF:
                 want = want[::dh, ::dw]
@@ -536,15 +536,6 @@ def test_live_tf_denormals_and_signed_zeros(dt):
                 bf = {"input": x, "filter_sizes": np.array(w.shape, np.int32),
                       "out_backprop": g, **kw}
                 oracle.assert_same(BF(**bf), oracle.run_tf(BF.OP_NAME, bf))
-
-
-def _three_ops(x, w, g, attrs):  # type: ignore[no-untyped-def]
-    """(op, kwargs) of the three ops on one convolution."""
-    return [(FWD, {"input": x, "filter": w, **attrs}),
-            (BI, {"input_sizes": np.array(x.shape, np.int32), "filter": w, "out_backprop": g,
-                  **attrs}),
-            (BF, {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": g,
-                  **attrs})]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -279,6 +279,15 @@ def memory_limit_bytes() -> int:
         return 2**40
 
 
+def check_float32_copies(op_name: str, arrays: dict[str, np.ndarray]) -> None:
+    """check_alloc for the float32 working copies the kernels make of float16 / bfloat16
+    inputs (they compute in float32 and round to T). Non-contiguous inputs' copies are
+    checked by ``bind``."""
+    for name, a in arrays.items():
+        if a.dtype not in (np.float32, np.float64):
+            check_alloc(op_name, f"a float32 working copy of {name}", a.shape, np.float32)
+
+
 def check_alloc(op_name: str, what: str, shape: Any, dtype: Any) -> tuple[int, ...]:
     """Check that an array of ``shape`` can be allocated; return the shape as ints.
 

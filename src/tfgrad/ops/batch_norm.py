@@ -110,7 +110,7 @@ import numpy as np
 from .. import _config
 from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals
-from .._validate import check_alloc, shape_str
+from .._validate import check_alloc, check_float32_copies, shape_str
 
 _F32 = np.float32
 _CHANNEL_LAST = {"NHWC": True, "NDHWC": True, "NCHW": False, "NCDHW": False}
@@ -349,16 +349,6 @@ def _check_x(op: str, what: str, x: np.ndarray) -> None:
             f"{op}: input must be 4 or 5-dimensional, got {what} of shape {shape_str(x.shape)}")
 
 
-def _check_memory(op: str, out: str, arrays: dict[str, np.ndarray]) -> None:
-    """check_alloc for the output as large as x and for the float32 working copies the
-    kernels make of non-contiguous or half-precision inputs."""
-    x = arrays["x"]
-    check_alloc(op, out, x.shape, x.dtype)
-    for name, a in arrays.items():
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            check_alloc(op, f"a contiguous float32 copy of {name}", a.shape, np.float32)
-
-
 def _check_channels(op: str, what: str, a: np.ndarray, c: int, prefix: str = "") -> None:
     if a.size != c:
         raise InvalidArgumentError(
@@ -389,7 +379,8 @@ def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np
         _check_channels(op, "mean", mean, c, prefix)
         _check_channels(op, "variance", variance, c, prefix)
 
-    _check_memory(op, "y", {"x": x})
+    check_alloc(op, "y", x.shape, x.dtype)
+    check_float32_copies(op, {"x": x})
     scale = scale.astype(_F32, copy=False)
     offset = offset.astype(_F32, copy=False)
     mean = mean.astype(_F32, copy=False)
@@ -460,7 +451,8 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
     _check_channels(op, "reserve_space_1", reserve_space_1, c)
     _check_channels(op, "reserve_space_2", reserve_space_2, c)
 
-    _check_memory(op, "x_backprop", {"x": x, "y_backprop": y_backprop})
+    check_alloc(op, "x_backprop", x.shape, x.dtype)
+    check_float32_copies(op, {"x": x, "y_backprop": y_backprop})
     scale = scale.astype(_F32, copy=False)
     mean = reserve_space_1.astype(_F32, copy=False)
     var = reserve_space_2.astype(_F32, copy=False)

@@ -87,7 +87,7 @@ import numpy as np
 from .. import _config
 from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals
-from .._validate import check_alloc, shape_str
+from .._validate import check_alloc, check_float32_copies, shape_str
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -289,16 +289,6 @@ def _check_backprop(op: str, a: _Attrs, in_shape: tuple[int, ...],
     return geo
 
 
-def _check_memory(op: str, out: str, shape: tuple[int, ...], dtype: np.dtype,
-                  inputs: dict[str, np.ndarray]) -> None:
-    """check_alloc for the output and for the float32 working copies the kernels make of
-    half-precision inputs (they compute in float32 and round to T)."""
-    check_alloc(op, out, shape, dtype)
-    if _is_half(dtype):
-        for name, a in inputs.items():
-            check_alloc(op, f"a float32 working copy of {name}", a.shape, _F32)
-
-
 # --------------------------------------------------------------------------------------
 # The three ops
 # --------------------------------------------------------------------------------------
@@ -317,8 +307,8 @@ def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[
     if C != filter.shape[2]:
         raise InvalidArgumentError(f"{op}: input and filter must have the same depth: {C} vs {fc}")
     geo = _geometry(op, a, N, H, W, C, fh, fw, M)
-    _check_memory(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype,
-                  {"input": input, "filter": filter})
+    check_alloc(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype)
+    check_float32_copies(op, {"input": input, "filter": filter})
     if N * geo.oh * geo.ow * C * M == 0:  # nothing to compute: never copy a (broadcast) input
         return _back(np.zeros((N, geo.oh, geo.ow, C * M), input.dtype), a.nchw)
     with flush_denormals():
@@ -341,8 +331,8 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
     a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
     sizes = _sizes(op, "input_sizes", input_sizes, "Conv2DBackpropInput")
     geo = _check_backprop(op, a, sizes, filter.shape, out_backprop.shape)
-    _check_memory(op, "output", sizes, filter.dtype,
-                  {"filter": filter, "out_backprop": out_backprop})
+    check_alloc(op, "output", sizes, filter.dtype)
+    check_float32_copies(op, {"filter": filter, "out_backprop": out_backprop})
     if out_backprop.size == 0 or filter.size == 0:  # an empty sum: zeros, no input copies
         return np.zeros(sizes, filter.dtype)
     g = _nhwc(out_backprop, a.nchw)
@@ -366,7 +356,8 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
     a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
     sizes = _sizes(op, "filter_sizes", filter_sizes, "Conv2DBackpropFilter")
     geo = _check_backprop(op, a, input.shape, sizes, out_backprop.shape)
-    _check_memory(op, "output", sizes, input.dtype, {"input": input, "out_backprop": out_backprop})
+    check_alloc(op, "output", sizes, input.dtype)
+    check_float32_copies(op, {"input": input, "out_backprop": out_backprop})
     # (TF's order sums each image's filter gradient apart, then adds them in batch order)
     check_alloc(op, "the per-image filter gradients", (geo.N, *sizes),
                 _F64 if input.dtype == _F64 else _F32)
