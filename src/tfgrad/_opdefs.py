@@ -36,6 +36,9 @@ class Input:
     """Fixed dtype of the input, or None when ``type_attr`` gives it."""
     type_attr: str | None = None
     doc: str = ""
+    is_shape: bool = False
+    """The input holds a shape (TF keeps it in host memory): the framework adapters take
+    it as a list of ints, so that output shapes are known without reading a tensor."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class Output:
     dtype: str | None = None
     type_attr: str | None = None
     doc: str = ""
+    shape: str = ""
+    """How the output's shape follows from the inputs (:mod:`tfgrad._shapes`): ``"like
+    <input>"``, ``"values of <input>"`` (a shape input), ``"()"`` or ``"(0,)"``; empty
+    where the family's ``output_shapes`` computes it."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,7 @@ FAKE_QUANT = (
         "FakeQuantWithMinMaxArgs", "fake_quant",
         inputs=(Input("inputs", "float32", doc="Values to quantize."),),
         attrs=_FQ_ARGS_ATTRS,
-        outputs=(Output("outputs", "float32"),),
+        outputs=(Output("outputs", "float32", shape="like inputs"),),
         summary="Fake-quantize the 'inputs' tensor of type float to 'outputs' of the same type.",
         description=_FQ_DESC + " Requires min < max.",
     ),
@@ -151,7 +158,7 @@ FAKE_QUANT = (
             Input("inputs", "float32", doc="Values passed as inputs to the forward op."),
         ),
         attrs=_FQ_ARGS_ATTRS,
-        outputs=(Output("backprops", "float32"),),
+        outputs=(Output("backprops", "float32", shape="like inputs"),),
         summary="Compute gradients for a FakeQuantWithMinMaxArgs operation.",
         description=_FQ_GRAD_DESC + "backprops = gradients * (nudged_min <= inputs <= nudged_max).",
     ),
@@ -163,7 +170,7 @@ FAKE_QUANT = (
             Input("max", "float32", doc="Scalar upper end of the range."),
         ),
         attrs=(_FQ_BITS, _FQ_NARROW),
-        outputs=(Output("outputs", "float32"),),
+        outputs=(Output("outputs", "float32", shape="like inputs"),),
         summary="Fake-quantize the 'inputs' tensor of type float via global float scalars.",
         description=_FQ_DESC + " Unlike the Args op, the grid position is computed by dividing "
         "by scale (not multiplying by its separately computed inverse), so results can differ "
@@ -179,9 +186,9 @@ FAKE_QUANT = (
         ),
         attrs=(_FQ_BITS, _FQ_NARROW),
         outputs=(
-            Output("backprops_wrt_input", "float32"),
-            Output("backprop_wrt_min", "float32"),
-            Output("backprop_wrt_max", "float32"),
+            Output("backprops_wrt_input", "float32", shape="like inputs"),
+            Output("backprop_wrt_min", "float32", shape="like min"),
+            Output("backprop_wrt_max", "float32", shape="like max"),
         ),
         summary="Compute gradients for a FakeQuantWithMinMaxVars operation.",
         description=_FQ_GRAD_DESC + "backprop_wrt_min = sum(gradients * (inputs < nudged_min)), "
@@ -196,7 +203,7 @@ FAKE_QUANT = (
             Input("max", "float32", doc="Upper ends of the ranges, shape [d]."),
         ),
         attrs=(_FQ_BITS, _FQ_NARROW),
-        outputs=(Output("outputs", "float32"),),
+        outputs=(Output("outputs", "float32", shape="like inputs"),),
         summary="Fake-quantize 'inputs' per channel (last dimension) with ranges min[d], max[d].",
         description=_FQ_DESC + " Any rank >= 1 is accepted (TF documents [d], [b, d], "
         "[b, h, w, d]); a rank-0 input, which aborts TF's process, is an InvalidArgumentError.",
@@ -211,9 +218,9 @@ FAKE_QUANT = (
         ),
         attrs=(_FQ_BITS, _FQ_NARROW),
         outputs=(
-            Output("backprops_wrt_input", "float32"),
-            Output("backprop_wrt_min", "float32"),
-            Output("backprop_wrt_max", "float32"),
+            Output("backprops_wrt_input", "float32", shape="like inputs"),
+            Output("backprop_wrt_min", "float32", shape="like min"),
+            Output("backprop_wrt_max", "float32", shape="like max"),
         ),
         summary="Compute gradients for a FakeQuantWithMinMaxVarsPerChannel operation.",
         description=_FQ_GRAD_DESC + "The per-channel sums run in float32 in Eigen's reduction "
@@ -253,14 +260,18 @@ def _bn_fwd(name: str, version: int) -> OpDef:
     u = "T" if version == 1 else "U"
     type_attrs = (t,) if version == 1 else (t, TypeAttr("U", ("float32",)))
     outputs = [
-        Output("y", type_attr="T", doc="Normalized x."),
-        Output("batch_mean", type_attr=u, doc="Batch mean (or running mean), shape [C]."),
-        Output("batch_variance", type_attr=u, doc="Bessel-corrected batch variance, shape [C]."),
-        Output("reserve_space_1", type_attr=u, doc="Mean used to normalize, for the gradient."),
-        Output("reserve_space_2", type_attr=u, doc="Biased variance used, for the gradient."),
+        Output("y", type_attr="T", doc="Normalized x.", shape="like x"),
+        Output("batch_mean", type_attr=u, doc="Batch mean (or running mean), shape [C].",
+               shape="like scale"),
+        Output("batch_variance", type_attr=u, doc="Bessel-corrected batch variance, shape [C].",
+               shape="like scale"),
+        Output("reserve_space_1", type_attr=u, doc="Mean used to normalize, for the gradient.",
+               shape="like scale"),
+        Output("reserve_space_2", type_attr=u, doc="Biased variance used, for the gradient.",
+               shape="like scale"),
     ]
     if version == 3:
-        outputs.append(Output("reserve_space_3", type_attr=u, doc="Scalar 0 on CPU."))
+        outputs.append(Output("reserve_space_3", type_attr=u, doc="Scalar 0 on CPU.", shape="()"))
     return OpDef(
         name, "batch_norm",
         inputs=(
@@ -302,11 +313,14 @@ def _bn_grad(name: str, version: int) -> OpDef:
         inputs=tuple(inputs),
         attrs=(_BN_EPS, _BN_FMT5 if version == 3 else _BN_FMT4, _BN_TRAIN),
         outputs=(
-            Output("x_backprop", type_attr="T", doc="Gradient with respect to x."),
-            Output("scale_backprop", type_attr=u, doc="Gradient with respect to scale."),
-            Output("offset_backprop", type_attr=u, doc="Gradient with respect to offset."),
-            Output(extra[0], type_attr=u, doc="Unused placeholder, shape [0]."),
-            Output(extra[1], type_attr=u, doc="Unused placeholder, shape [0]."),
+            Output("x_backprop", type_attr="T", doc="Gradient with respect to x.",
+                   shape="like x"),
+            Output("scale_backprop", type_attr=u, doc="Gradient with respect to scale.",
+                   shape="like scale"),
+            Output("offset_backprop", type_attr=u, doc="Gradient with respect to offset.",
+                   shape="like scale"),
+            Output(extra[0], type_attr=u, doc="Unused placeholder, shape [0].", shape="(0,)"),
+            Output(extra[1], type_attr=u, doc="Unused placeholder, shape [0].", shape="(0,)"),
         ),
         type_attrs=type_attrs,
         summary="Gradient for batch normalization.",
@@ -365,13 +379,15 @@ DEPTHWISE = (
     OpDef(
         "DepthwiseConv2dNativeBackpropInput", "depthwise_conv",
         inputs=(
-            Input("input_sizes", "int32", doc="Shape of the forward input, 4 integers."),
+            Input("input_sizes", "int32", doc="Shape of the forward input, 4 integers.",
+                  is_shape=True),
             Input("filter", type_attr="T",
                   doc="[filter_height, filter_width, in_channels, channel_multiplier]."),
             Input("out_backprop", type_attr="T", doc="Gradient with respect to the output."),
         ),
         attrs=_DW_ATTRS,
-        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input."),),
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input.",
+                        shape="values of input_sizes"),),
         type_attrs=_DW_T,
         summary="Computes the gradients of depthwise convolution with respect to the input.",
         notes=_DW_NOTE,
@@ -380,11 +396,12 @@ DEPTHWISE = (
         "DepthwiseConv2dNativeBackpropFilter", "depthwise_conv",
         inputs=(
             Input("input", type_attr="T", doc="The forward op's 4-D input."),
-            Input("filter_sizes", "int32", doc="Shape of the filter, 4 integers."),
+            Input("filter_sizes", "int32", doc="Shape of the filter, 4 integers.", is_shape=True),
             Input("out_backprop", type_attr="T", doc="Gradient with respect to the output."),
         ),
         attrs=_DW_ATTRS,
-        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the filter."),),
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the filter.",
+                        shape="values of filter_sizes"),),
         type_attrs=_DW_T,
         summary="Computes the gradients of depthwise convolution with respect to the filter.",
         notes=_DW_NOTE,
@@ -434,13 +451,15 @@ FRACTIONAL_POOL = (
     OpDef(
         "FractionalAvgPoolGrad", "fractional_pool",
         inputs=(
-            Input("orig_input_tensor_shape", "int64", doc="Shape of the forward input."),
+            Input("orig_input_tensor_shape", "int64", doc="Shape of the forward input.",
+                  is_shape=True),
             Input("out_backprop", type_attr="T", doc="Gradient with respect to the output."),
             Input("row_pooling_sequence", "int64", doc="Row sequence of the forward op."),
             Input("col_pooling_sequence", "int64", doc="Column sequence of the forward op."),
         ),
         attrs=(_FP_OVERLAP,),
-        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input."),),
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input.",
+                        shape="values of orig_input_tensor_shape"),),
         type_attrs=_FP_T,
         summary="Computes gradient of the FractionalAvgPool function.",
         description="Each out_backprop element is spread evenly over the input cells of its "
@@ -457,7 +476,8 @@ FRACTIONAL_POOL = (
             Input("col_pooling_sequence", "int64", doc="Column sequence of the forward op."),
         ),
         attrs=(_FP_OVERLAP,),
-        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input."),),
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input.",
+                        shape="like orig_input"),),
         type_attrs=_FP_T,
         summary="Computes gradient of the FractionalMaxPool function.",
         description="Each out_backprop element goes to the first maximum (row-major) of its "

@@ -105,6 +105,8 @@ Validation follows TF's order and messages (prefixed by the op name). Half-preci
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _config
@@ -359,28 +361,50 @@ def _check_channels(op: str, what: str, a: np.ndarray, c: int, prefix: str = "")
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
-def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
-             mean: np.ndarray, variance: np.ndarray, epsilon: float,
-             exponential_avg_factor: float, data_format: str,
-             is_training: bool) -> tuple[np.ndarray, ...]:
+def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every check of ``op``'s arguments that needs only their shapes, dtypes and attrs, in
+    TF's order (array inputs may be shape-only placeholders; see :mod:`tfgrad._shapes`).
+    Every output's shape follows the op table's rule, so none is returned."""
+    if "Grad" in op:
+        _check_grad(op, **{k: args[k] for k in _GRAD_ARGS})
+    else:
+        _check_forward(op, **{k: args[k] for k in _FORWARD_ARGS})
+    return {}
+
+
+_FORWARD_ARGS = ("x", "scale", "offset", "mean", "variance", "exponential_avg_factor",
+                 "data_format", "is_training")
+_GRAD_ARGS = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", "data_format")
+
+
+def _check_forward(op: str, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
+                   mean: np.ndarray, variance: np.ndarray, exponential_avg_factor: float,
+                   data_format: str, is_training: bool) -> None:
     _check_x(op, "x", x)
     _check_rank1(op, "scale", scale)
     _check_rank1(op, "offset", offset)
     _check_rank1(op, "estimated_mean", mean)
     _check_rank1(op, "estimated_variance", variance)
-    channel_last = _CHANNEL_LAST[data_format]
-    c = _channels(x, channel_last)
+    c = _channels(x, _CHANNEL_LAST[data_format])
     _check_channels(op, "scale", scale, c)
     _check_channels(op, "offset", offset, c)
-    factor = _F32(exponential_avg_factor)
-    if not is_training or factor != _F32(1):
+    if not is_training or _F32(exponential_avg_factor) != _F32(1):
         prefix = "When exponential_avg_factor != 1, " if is_training else \
             "When is_training=false, "
         _check_channels(op, "mean", mean, c, prefix)
         _check_channels(op, "variance", variance, c, prefix)
-
     check_alloc(op, "y", x.shape, x.dtype)
     check_float32_copies(op, {"x": x})
+
+
+def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
+             mean: np.ndarray, variance: np.ndarray, epsilon: float,
+             exponential_avg_factor: float, data_format: str,
+             is_training: bool) -> tuple[np.ndarray, ...]:
+    _check_forward(op, x, scale, offset, mean, variance, exponential_avg_factor, data_format,
+                   is_training)
+    channel_last = _CHANNEL_LAST[data_format]
+    c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)
     offset = offset.astype(_F32, copy=False)
     mean = mean.astype(_F32, copy=False)
@@ -433,9 +457,9 @@ def FusedBatchNormV3(**kw: object) -> tuple[np.ndarray, ...]:
 # --------------------------------------------------------------------------------------
 # Gradient
 # --------------------------------------------------------------------------------------
-def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
-          reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
-          data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
+def _check_grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
+                reserve_space_1: np.ndarray, reserve_space_2: np.ndarray,
+                data_format: str) -> None:
     _check_x(op, "y_backprop", y_backprop)
     _check_x(op, "x", x)
     _check_rank1(op, "scale", scale)
@@ -445,14 +469,20 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
         raise InvalidArgumentError(
             f"{op}: x and y_backprop must have same shape, but x has shape "
             f"{shape_str(x.shape)} and y_backprop has shape {shape_str(y_backprop.shape)}")
-    channel_last = _CHANNEL_LAST[data_format]
-    c = _channels(x, channel_last)
+    c = _channels(x, _CHANNEL_LAST[data_format])
     _check_channels(op, "scale", scale, c)
     _check_channels(op, "reserve_space_1", reserve_space_1, c)
     _check_channels(op, "reserve_space_2", reserve_space_2, c)
-
     check_alloc(op, "x_backprop", x.shape, x.dtype)
     check_float32_copies(op, {"x": x, "y_backprop": y_backprop})
+
+
+def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
+          reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
+          data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
+    _check_grad(op, y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format)
+    channel_last = _CHANNEL_LAST[data_format]
+    c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)
     mean = reserve_space_1.astype(_F32, copy=False)
     var = reserve_space_2.astype(_F32, copy=False)

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -292,25 +293,68 @@ def _check_backprop(op: str, a: _Attrs, in_shape: tuple[int, ...],
 # --------------------------------------------------------------------------------------
 # The three ops
 # --------------------------------------------------------------------------------------
+def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every check of ``op``'s arguments that needs only their shapes, dtypes and attrs (and
+    the values of its shape inputs), in TF's order; array inputs may be shape-only
+    placeholders (see :mod:`tfgrad._shapes`). Returns the forward op's output shape."""
+    geo, a = _checked(op, args)
+    if op == "DepthwiseConv2dNative":
+        return {"output": _out_shape((geo.N, geo.oh, geo.ow, geo.C * geo.M), a.nchw)}
+    return {}
+
+
+def _out_shape(nhwc: tuple[int, ...], nchw: bool) -> tuple[int, ...]:
+    return (nhwc[0], nhwc[3], nhwc[1], nhwc[2]) if nchw else nhwc
+
+
+def _checked(op: str, args: dict[str, Any]) -> tuple[Geometry, _Attrs]:
+    a = _check_attrs(op, args["strides"], args["padding"], args["explicit_paddings"],
+                     args["data_format"], args["dilations"])
+    if op == "DepthwiseConv2dNative":
+        input, filter = args["input"], args["filter"]
+        if input.ndim != 4:
+            raise InvalidArgumentError(
+                f"{op}: input must be 4-dimensional{shape_str(input.shape)}")
+        if filter.ndim != 4:
+            raise InvalidArgumentError(
+                f"{op}: filter must be 4-dimensional: {shape_str(filter.shape)}")
+        N, H, W, C = _nhwc_shape(input.shape, a.nchw)
+        fh, fw, fc, M = filter.shape
+        if C != fc:
+            raise InvalidArgumentError(
+                f"{op}: input and filter must have the same depth: {C} vs {fc}")
+        geo = _geometry(op, a, N, H, W, C, fh, fw, M)
+        check_alloc(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype)
+        check_float32_copies(op, {"input": input, "filter": filter})
+    elif op == "DepthwiseConv2dNativeBackpropInput":
+        sizes = _sizes(op, "input_sizes", args["input_sizes"], "Conv2DBackpropInput")
+        filter, g = args["filter"], args["out_backprop"]
+        geo = _check_backprop(op, a, sizes, filter.shape, g.shape)
+        check_alloc(op, "output", sizes, filter.dtype)
+        check_float32_copies(op, {"filter": filter, "out_backprop": g})
+    else:
+        sizes = _sizes(op, "filter_sizes", args["filter_sizes"], "Conv2DBackpropFilter")
+        input, g = args["input"], args["out_backprop"]
+        geo = _check_backprop(op, a, input.shape, sizes, g.shape)
+        check_alloc(op, "output", sizes, input.dtype)
+        check_float32_copies(op, {"input": input, "out_backprop": g})
+        # (TF's order sums each image's filter gradient apart, then adds them in batch order)
+        check_alloc(op, "the per-image filter gradients", (geo.N, *sizes),
+                    _F64 if input.dtype == _F64 else _F32)
+    return geo, a
+
+
+def _nhwc_shape(shape: tuple[int, ...], nchw: bool) -> tuple[int, ...]:
+    return (shape[0], shape[2], shape[3], shape[1]) if nchw else tuple(shape)
+
+
 def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[int, ...],
                           padding: str, explicit_paddings: tuple[int, ...], data_format: str,
                           dilations: tuple[int, ...]) -> np.ndarray:
-    op = "DepthwiseConv2dNative"
-    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    if input.ndim != 4:
-        raise InvalidArgumentError(f"{op}: input must be 4-dimensional{shape_str(input.shape)}")
-    if filter.ndim != 4:
-        raise InvalidArgumentError(f"{op}: filter must be 4-dimensional: {shape_str(filter.shape)}")
+    geo, a = _checked("DepthwiseConv2dNative", locals())
+    if geo.N * geo.oh * geo.ow * geo.C * geo.M == 0:  # nothing to compute: never copy a
+        return _back(np.zeros((geo.N, geo.oh, geo.ow, geo.C * geo.M), input.dtype), a.nchw)
     x = _nhwc(input, a.nchw)
-    N, H, W, C = x.shape
-    fh, fw, fc, M = filter.shape
-    if C != filter.shape[2]:
-        raise InvalidArgumentError(f"{op}: input and filter must have the same depth: {C} vs {fc}")
-    geo = _geometry(op, a, N, H, W, C, fh, fw, M)
-    check_alloc(op, "output", (N, geo.oh, geo.ow, C * M), input.dtype)
-    check_float32_copies(op, {"input": input, "filter": filter})
-    if N * geo.oh * geo.ow * C * M == 0:  # nothing to compute: never copy a (broadcast) input
-        return _back(np.zeros((N, geo.oh, geo.ow, C * M), input.dtype), a.nchw)
     with flush_denormals():
         if _config.use_reference():
             with np.errstate(all="ignore"):  # inf and NaN propagate as in TF
@@ -327,12 +371,8 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
                                        padding: str, explicit_paddings: tuple[int, ...],
                                        data_format: str,
                                        dilations: tuple[int, ...]) -> np.ndarray:
-    op = "DepthwiseConv2dNativeBackpropInput"
-    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    sizes = _sizes(op, "input_sizes", input_sizes, "Conv2DBackpropInput")
-    geo = _check_backprop(op, a, sizes, filter.shape, out_backprop.shape)
-    check_alloc(op, "output", sizes, filter.dtype)
-    check_float32_copies(op, {"filter": filter, "out_backprop": out_backprop})
+    geo, a = _checked("DepthwiseConv2dNativeBackpropInput", locals())
+    sizes = _out_shape((geo.N, geo.H, geo.W, geo.C), a.nchw)
     if out_backprop.size == 0 or filter.size == 0:  # an empty sum: zeros, no input copies
         return np.zeros(sizes, filter.dtype)
     g = _nhwc(out_backprop, a.nchw)
@@ -352,15 +392,8 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
                                         padding: str, explicit_paddings: tuple[int, ...],
                                         data_format: str,
                                         dilations: tuple[int, ...]) -> np.ndarray:
-    op = "DepthwiseConv2dNativeBackpropFilter"
-    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    sizes = _sizes(op, "filter_sizes", filter_sizes, "Conv2DBackpropFilter")
-    geo = _check_backprop(op, a, input.shape, sizes, out_backprop.shape)
-    check_alloc(op, "output", sizes, input.dtype)
-    check_float32_copies(op, {"input": input, "out_backprop": out_backprop})
-    # (TF's order sums each image's filter gradient apart, then adds them in batch order)
-    check_alloc(op, "the per-image filter gradients", (geo.N, *sizes),
-                _F64 if input.dtype == _F64 else _F32)
+    geo, a = _checked("DepthwiseConv2dNativeBackpropFilter", locals())
+    sizes = (geo.fh, geo.fw, geo.C, geo.M)
     if out_backprop.size == 0 or math.prod(sizes) == 0:  # an empty sum: zeros, no copies
         return np.zeros(sizes, input.dtype)
     x, g = _nhwc(input, a.nchw), _nhwc(out_backprop, a.nchw)

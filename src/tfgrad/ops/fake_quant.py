@@ -90,6 +90,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -280,13 +281,16 @@ def _ftz_attr(v: float) -> float:
     return math.copysign(0.0, v) if abs(v) < FLT_MIN else v
 
 
-def _check_args_range(op: str, mn: float, mx: float) -> tuple[F32, F32]:
-    fmn, fmx = _ftz_attr(mn), _ftz_attr(mx)  # TF reads float attrs with FTZ on
+def _args_range(mn: float, mx: float) -> tuple[F32, F32]:
+    return F32(_ftz_attr(mn)), F32(_ftz_attr(mx))  # TF reads float attrs with FTZ on
+
+
+def _check_args_range(op: str, mn: float, mx: float) -> None:
+    fmn, fmx = _args_range(mn, mx)
     if not fmn < fmx:  # (NaN bounds fail too)
         raise InvalidArgumentError(
             f"{op}: min has to be smaller than max, was: {_fmt(float(fmn))} >= "
             f"{_fmt(float(fmx))}")
-    return F32(fmn), F32(fmx)
 
 
 def _check_same_shape(op: str, gradients: np.ndarray, inputs: np.ndarray) -> None:
@@ -527,26 +531,47 @@ def reduction_plan(n: int, d: int, cost: float
 # --------------------------------------------------------------------------------------
 # The ops
 # --------------------------------------------------------------------------------------
+def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every check of ``op``'s arguments that needs only their shapes, dtypes and attrs, in
+    TF's order (array inputs may be shape-only placeholders; see :mod:`tfgrad._shapes`).
+    Every output's shape follows the op table's rule, so none is returned."""
+    inputs, mn, mx = args["inputs"], args["min"], args["max"]
+    check_alloc(op, "output", inputs.shape, F32)
+    grad = op.endswith("Gradient")
+    if op.startswith("FakeQuantWithMinMaxArgs"):
+        _check_args_range(op, mn, mx)
+        if grad and args["gradients"].shape != inputs.shape:
+            raise InvalidArgumentError(
+                f"Inputs to operation {op} of type {op} must have the same size and shape.  "
+                f"Input 0: {shape_str(args['gradients'].shape)} != input 1: "
+                f"{shape_str(inputs.shape)}")
+    elif op.startswith("FakeQuantWithMinMaxVarsPerChannel"):
+        if grad:
+            _check_rank(op, "min", mn, 1)
+            _check_rank(op, "max", mx, 1)
+            _check_same_shape(op, args["gradients"], inputs)
+        _check_channels(op, inputs, mn, mx)
+    else:
+        _check_rank(op, "min", mn, 0)
+        _check_rank(op, "max", mx, 0)
+        if grad:
+            _check_same_shape(op, args["gradients"], inputs)
+    _bits(args["num_bits"])
+    return {}
+
+
 def FakeQuantWithMinMaxArgs(*, inputs: np.ndarray, min: float, max: float, num_bits: int,
                             narrow_range: bool) -> np.ndarray:
-    op = "FakeQuantWithMinMaxArgs"
-    check_alloc(op, "output", inputs.shape, F32)
-    mn, mx = _check_args_range(op, min, max)
-    p = nudge(mn, mx, _bits(num_bits), narrow_range)
+    check("FakeQuantWithMinMaxArgs", locals())
+    p = nudge(*_args_range(min, max), num_bits, narrow_range)
     return _quantize(inputs, p, divide=False)
 
 
 def FakeQuantWithMinMaxArgsGradient(*, gradients: np.ndarray, inputs: np.ndarray, min: float,
                                     max: float, num_bits: int, narrow_range: bool
                                     ) -> np.ndarray:
-    op = "FakeQuantWithMinMaxArgsGradient"
-    check_alloc(op, "output", inputs.shape, F32)
-    mn, mx = _check_args_range(op, min, max)
-    if gradients.shape != inputs.shape:
-        raise InvalidArgumentError(
-            f"Inputs to operation {op} of type {op} must have the same size and shape.  "
-            f"Input 0: {shape_str(gradients.shape)} != input 1: {shape_str(inputs.shape)}")
-    p = nudge(mn, mx, _bits(num_bits), narrow_range)
+    check("FakeQuantWithMinMaxArgsGradient", locals())
+    p = nudge(*_args_range(min, max), num_bits, narrow_range)
     return _elementwise_grad(gradients, inputs, p)
 
 
@@ -563,47 +588,29 @@ def _elementwise_grad(g: np.ndarray, x: np.ndarray, p: Nudged) -> np.ndarray:
 
 def FakeQuantWithMinMaxVars(*, inputs: np.ndarray, min: np.ndarray, max: np.ndarray,
                             num_bits: int, narrow_range: bool) -> np.ndarray:
-    op = "FakeQuantWithMinMaxVars"
-    check_alloc(op, "output", inputs.shape, F32)
-    _check_rank(op, "min", min, 0)
-    _check_rank(op, "max", max, 0)
-    p = nudge(min, max, _bits(num_bits), narrow_range)
-    return _quantize(inputs, p, divide=True)
+    check("FakeQuantWithMinMaxVars", locals())
+    return _quantize(inputs, nudge(min, max, num_bits, narrow_range), divide=True)
 
 
 def FakeQuantWithMinMaxVarsGradient(*, gradients: np.ndarray, inputs: np.ndarray,
                                     min: np.ndarray, max: np.ndarray, num_bits: int,
                                     narrow_range: bool
                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    op = "FakeQuantWithMinMaxVarsGradient"
-    check_alloc(op, "output", inputs.shape, F32)
-    _check_rank(op, "min", min, 0)
-    _check_rank(op, "max", max, 0)
-    _check_same_shape(op, gradients, inputs)
-    p = nudge(min, max, _bits(num_bits), narrow_range)
-    dx, dmin, dmax = _gradient(gradients, inputs, p)
+    check("FakeQuantWithMinMaxVarsGradient", locals())
+    dx, dmin, dmax = _gradient(gradients, inputs, nudge(min, max, num_bits, narrow_range))
     return dx, np.asarray(dmin, F32).reshape(()), np.asarray(dmax, F32).reshape(())
 
 
 def FakeQuantWithMinMaxVarsPerChannel(*, inputs: np.ndarray, min: np.ndarray,
                                       max: np.ndarray, num_bits: int, narrow_range: bool
                                       ) -> np.ndarray:
-    op = "FakeQuantWithMinMaxVarsPerChannel"
-    check_alloc(op, "output", inputs.shape, F32)
-    _check_channels(op, inputs, min, max)
-    p = nudge(min, max, _bits(num_bits), narrow_range)
-    return _quantize(inputs, p, divide=False)
+    check("FakeQuantWithMinMaxVarsPerChannel", locals())
+    return _quantize(inputs, nudge(min, max, num_bits, narrow_range), divide=False)
 
 
 def FakeQuantWithMinMaxVarsPerChannelGradient(*, gradients: np.ndarray, inputs: np.ndarray,
                                               min: np.ndarray, max: np.ndarray, num_bits: int,
                                               narrow_range: bool
                                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    op = "FakeQuantWithMinMaxVarsPerChannelGradient"
-    check_alloc(op, "output", inputs.shape, F32)
-    _check_rank(op, "min", min, 1)
-    _check_rank(op, "max", max, 1)
-    _check_same_shape(op, gradients, inputs)
-    _check_channels(op, inputs, min, max)
-    p = nudge(min, max, _bits(num_bits), narrow_range)
-    return _gradient(gradients, inputs, p)
+    check("FakeQuantWithMinMaxVarsPerChannelGradient", locals())
+    return _gradient(gradients, inputs, nudge(min, max, num_bits, narrow_range))

@@ -277,7 +277,7 @@ def _check_forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...],
                 f"Input dim size: {n} pooling ratio: {_fmt(r)}")
 
 
-def _check_sequence(op: str, name: str, seq: np.ndarray, cells: int, n: int) -> None:
+def _check_sequence_shape(op: str, name: str, seq: np.ndarray, cells: int) -> None:
     if seq.ndim != 1:
         raise InvalidArgumentError(
             f"{op}: {name} must be a vector, received shape "
@@ -286,6 +286,9 @@ def _check_sequence(op: str, name: str, seq: np.ndarray, cells: int, n: int) -> 
         raise InvalidArgumentError(
             f"{op}: {name} must have {cells + 1} elements (one more than the {cells} pooling "
             f"cells of out_backprop), got {seq.shape[0]}")
+
+
+def _check_sequence_values(op: str, name: str, seq: np.ndarray, n: int) -> None:
     if not (seq.size == 0 or (seq.min() >= 0 and seq.max() <= n)):
         raise InvalidArgumentError(
             f"{op}: {name} values must lie in [0, {n}] (the input size), got {seq.tolist()}")
@@ -295,16 +298,36 @@ def _check_sequence(op: str, name: str, seq: np.ndarray, cells: int, n: int) -> 
             f"{seq.tolist()}")
 
 
+def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every check of ``op``'s arguments that needs only their shapes, dtypes and attrs (and
+    the values of its shape input), in TF's order; array inputs may be shape-only
+    placeholders (see :mod:`tfgrad._shapes`). The pooling sequences' values are checked by
+    the ops themselves. Returns the forward ops' output shapes."""
+    if op == "FractionalAvgPoolGrad":
+        _check_avg_grad(op, args["orig_input_tensor_shape"], args["out_backprop"],
+                        args["row_pooling_sequence"], args["col_pooling_sequence"])
+        return {}
+    if op == "FractionalMaxPoolGrad":
+        _check_max_grad(op, args["orig_input"], args["orig_output"], args["out_backprop"],
+                        args["row_pooling_sequence"], args["col_pooling_sequence"])
+        return {}
+    value = args["value"]
+    _check_forward(op, value, args["pooling_ratio"], args["deterministic"], args["seed"],
+                   args["seed2"])
+    out = output_shape(tuple(int(d) for d in value.shape), args["pooling_ratio"])
+    check_alloc(op, "output", out, value.dtype)
+    return {"output": out, "row_pooling_sequence": (out[1] + 1,),
+            "col_pooling_sequence": (out[2] + 1,)}
+
+
 # --------------------------------------------------------------------------------------
 # Forward ops
 # --------------------------------------------------------------------------------------
 def _forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...], pseudo_random: bool,
              overlapping: bool, deterministic: bool, seed: int,
              seed2: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    _check_forward(op, value, pooling_ratio, deterministic, seed, seed2)
+    out_shape = check(op, locals())["output"]
     shape = tuple(int(d) for d in value.shape)
-    out_shape = output_shape(shape, pooling_ratio)
-    check_alloc(op, "output", out_shape, value.dtype)
     s, s2 = _seeds(op, value.dtype, pooling_ratio, pseudo_random, overlapping, deterministic,
                    seed, seed2)
     if _config.use_reference() or not deterministic:
@@ -362,16 +385,12 @@ def FractionalAvgPool(value: np.ndarray, pooling_ratio: tuple[float, ...], pseud
 # --------------------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------------------
-def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.ndarray,
-                          row_pooling_sequence: np.ndarray, col_pooling_sequence: np.ndarray,
-                          overlapping: bool) -> np.ndarray:
-    op = "FractionalAvgPoolGrad"
-    shp = orig_input_tensor_shape
+def _check_avg_grad(op: str, shp: np.ndarray, g: np.ndarray, rows: np.ndarray,
+                    cols: np.ndarray) -> tuple[int, ...]:
     if not (shp.ndim == 1 and shp.size == 4):
         raise InvalidArgumentError(
             f"{op}: original input tensor shape must be 1-dimensional and 4 elements, got "
             f"shape {shape_str(shp.shape)}")
-    g = out_backprop
     if g.ndim != 4:
         raise InvalidArgumentError(
             f"{op}: out_backprop must be 4-dimensional, got shape "
@@ -396,8 +415,52 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
         raise InvalidArgumentError(
             f"{op}: out_backprop {shape_str(g.shape)} must have the batch and depth of "
             f"orig_input_tensor_shape {shape_str(in_shape)}")
-    _check_sequence(op, "row_pooling_sequence", row_pooling_sequence, g.shape[1], h)
-    _check_sequence(op, "col_pooling_sequence", col_pooling_sequence, g.shape[2], w)
+    _check_sequence_shape(op, "row_pooling_sequence", rows, g.shape[1])
+    _check_sequence_shape(op, "col_pooling_sequence", cols, g.shape[2])
+    return in_shape
+
+
+def _check_max_grad(op: str, x: np.ndarray, y: np.ndarray, g: np.ndarray, rows: np.ndarray,
+                    cols: np.ndarray) -> None:
+    for name, a in (("orig_input", x), ("orig_output", y)):
+        if a.ndim != 4:
+            raise InvalidArgumentError(
+                f"{op}: {name} should be a tensor of rank 4, got shape "
+                f"{shape_str(a.shape)}")
+        if a.size == 0:
+            raise InvalidArgumentError(
+                f"{op}: {name} must not be empty, got shape {shape_str(a.shape)}")
+    for name, s in (("row_pooling_sequence", rows), ("col_pooling_sequence", cols)):
+        if s.ndim != 1:
+            raise InvalidArgumentError(
+                f"{op}: {name} must be a vector, received shape "
+                f"{shape_str(s.shape)}")
+    if rows.size * cols.size > x.size:
+        raise InvalidArgumentError(
+            f"{op}: Pooling region has more elements than the input tensor. "
+            f"row_pooling_sequence: {rows.size} values, col_pooling_sequence: "
+            f"{cols.size} values, orig_input: {shape_str(x.shape)}")
+    if g.shape != y.shape:
+        raise InvalidArgumentError(
+            f"{op}: out_backprop must have the shape of orig_output {shape_str(y.shape)}, got "
+            f"{shape_str(g.shape)}")
+    if not (y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3]):
+        raise InvalidArgumentError(
+            f"{op}: orig_output {shape_str(y.shape)} must have the batch and depth of "
+            f"orig_input {shape_str(x.shape)}")
+    _check_sequence_shape(op, "row_pooling_sequence", rows, y.shape[1])
+    _check_sequence_shape(op, "col_pooling_sequence", cols, y.shape[2])
+
+
+def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.ndarray,
+                          row_pooling_sequence: np.ndarray, col_pooling_sequence: np.ndarray,
+                          overlapping: bool) -> np.ndarray:
+    op = "FractionalAvgPoolGrad"
+    in_shape = _check_avg_grad(op, orig_input_tensor_shape, out_backprop, row_pooling_sequence,
+                               col_pooling_sequence)
+    g, (_, h, w, _) = out_backprop, in_shape
+    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, h)
+    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, w)
     rs, re = _cells(row_pooling_sequence, g.shape[1], h, overlapping)
     cs, ce = _cells(col_pooling_sequence, g.shape[2], w, overlapping)
     with flush_denormals():
@@ -421,35 +484,9 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
                           col_pooling_sequence: np.ndarray, overlapping: bool) -> np.ndarray:
     op = "FractionalMaxPoolGrad"
     x, y, g = orig_input, orig_output, out_backprop
-    for name, a in (("orig_input", x), ("orig_output", y)):
-        if a.ndim != 4:
-            raise InvalidArgumentError(
-                f"{op}: {name} should be a tensor of rank 4, got shape "
-                f"{shape_str(a.shape)}")
-        if a.size == 0:
-            raise InvalidArgumentError(
-                f"{op}: {name} must not be empty, got shape {shape_str(a.shape)}")
-    for name, s in (("row_pooling_sequence", row_pooling_sequence),
-                    ("col_pooling_sequence", col_pooling_sequence)):
-        if s.ndim != 1:
-            raise InvalidArgumentError(
-                f"{op}: {name} must be a vector, received shape "
-                f"{shape_str(s.shape)}")
-    if row_pooling_sequence.size * col_pooling_sequence.size > x.size:
-        raise InvalidArgumentError(
-            f"{op}: Pooling region has more elements than the input tensor. "
-            f"row_pooling_sequence: {row_pooling_sequence.size} values, col_pooling_sequence: "
-            f"{col_pooling_sequence.size} values, orig_input: {shape_str(x.shape)}")
-    if g.shape != y.shape:
-        raise InvalidArgumentError(
-            f"{op}: out_backprop must have the shape of orig_output {shape_str(y.shape)}, got "
-            f"{shape_str(g.shape)}")
-    if not (y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3]):
-        raise InvalidArgumentError(
-            f"{op}: orig_output {shape_str(y.shape)} must have the batch and depth of "
-            f"orig_input {shape_str(x.shape)}")
-    _check_sequence(op, "row_pooling_sequence", row_pooling_sequence, y.shape[1], x.shape[1])
-    _check_sequence(op, "col_pooling_sequence", col_pooling_sequence, y.shape[2], x.shape[2])
+    _check_max_grad(op, x, y, g, row_pooling_sequence, col_pooling_sequence)
+    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, x.shape[1])
+    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, x.shape[2])
     rs, re = _cells(row_pooling_sequence, y.shape[1], x.shape[1], overlapping)
     cs, ce = _cells(col_pooling_sequence, y.shape[2], x.shape[2], overlapping)
     with flush_denormals():

@@ -42,9 +42,9 @@ except ImportError as _e:  # pragma: no cover - exercised only without jax
 
 import numpy as np
 
-from . import raw_ops
-from ._opdefs import get_op_def
-from ._validate import DTYPES, dtype_name
+from .. import raw_ops
+from .._opdefs import get_op_def
+from .._validate import DTYPES, dtype_name
 
 __all__ = [
     "depthwise_conv2d_native",

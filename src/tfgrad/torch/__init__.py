@@ -52,8 +52,8 @@ except ImportError as _e:  # pragma: no cover - exercised only without torch
 import ml_dtypes
 import numpy as np
 
-from . import raw_ops
-from ._opdefs import get_op_def
+from .. import raw_ops
+from .._opdefs import get_op_def
 
 __all__ = [
     "DepthwiseConv2d",

@@ -1,0 +1,221 @@
+"""The gradient table: how each op is differentiated, as TF 2.21's gradient registry does it.
+
+TF's registered gradient functions (``tensorflow/python/ops/nn_grad.py``,
+``array_grad.py``) each call one or two gradient ops with inputs taken from the forward
+op's inputs, outputs and incoming gradients. :data:`GRADIENTS` writes those calls down per
+op, declaratively, so that every framework adapter (``tfgrad.torch``, ``tfgrad.jax``)
+wires its autograd from this one table:
+
+- a :class:`GradCall` names the gradient op, where each of its inputs comes from
+  (:class:`From`), which forward inputs its outputs are the gradients of, and when it
+  applies (batch norm differentiates training and inference differently);
+- attrs: every attr of the gradient op is the forward op's attr of the same name;
+- :data:`LINEARISED` marks gradient ops whose own gradient TF computes by differentiating
+  a composite of primitive ops (``_FusedBatchNormGradGrad`` differentiates
+  ``_BatchNormGrad``), or that are linear in their differentiable input: adapters
+  differentiate their portable implementation with the framework's own autodiff;
+- an op that is in neither has no gradient in TF; differentiating it is an error.
+
+Only the outputs that appear as ``From("grad", name)`` are differentiable (TF's gradient
+functions ignore the others' incoming gradients); forward inputs that no call ``gives``
+get no gradient (TF returns None for them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._opdefs import OPS, get_op_def
+
+
+@dataclass(frozen=True)
+class From:
+    """Where a gradient op's input comes from."""
+
+    kind: str
+    """``"input"`` (a forward input), ``"output"`` (a forward output), ``"grad"`` (the
+    incoming gradient of a forward output) or ``"shape"`` (a forward input's shape)."""
+    name: str
+
+
+def _in(name: str) -> From:
+    return From("input", name)
+
+
+def _out(name: str) -> From:
+    return From("output", name)
+
+
+def _grad(name: str) -> From:
+    return From("grad", name)
+
+
+def _shape(name: str) -> From:
+    return From("shape", name)
+
+
+@dataclass(frozen=True)
+class GradCall:
+    op: str
+    """The gradient op TF's gradient function calls."""
+    args: dict[str, From]
+    """Its inputs, by name."""
+    gives: dict[str, str]
+    """Forward input -> the gradient op's output that is its gradient."""
+    when: dict[str, Any] = field(default_factory=dict)
+    """Forward attr values under which this call applies (empty: always)."""
+
+    def applies(self, attrs: dict[str, Any]) -> bool:
+        return all(attrs[k] == v for k, v in self.when.items())
+
+    def attrs(self, forward_attrs: dict[str, Any]) -> dict[str, Any]:
+        """The gradient op's attrs: the forward op's of the same names."""
+        return {a.name: forward_attrs[a.name] for a in get_op_def(self.op).attrs}
+
+
+def _fake_quant(op: str) -> tuple[GradCall, ...]:
+    if op == "FakeQuantWithMinMaxArgs":
+        return (GradCall(op + "Gradient", {"gradients": _grad("outputs"), "inputs": _in("inputs")},
+                         {"inputs": "backprops"}),)
+    # TF's _FakeQuantWithMinMaxVarsGradient / ...PerChannelGradient
+    return (GradCall(op + "Gradient",
+                     {"gradients": _grad("outputs"), "inputs": _in("inputs"),
+                      "min": _in("min"), "max": _in("max")},
+                     {"inputs": "backprops_wrt_input", "min": "backprop_wrt_min",
+                      "max": "backprop_wrt_max"}),)
+
+
+def _batch_norm(version: int) -> tuple[GradCall, ...]:
+    """TF's _BaseFusedBatchNormGrad: training differentiates with the batch statistics the
+    forward op saved in its reserve spaces, inference with the given mean and variance.
+    (TF transposes NCHW inference to NHWC around the gradient op; tfgrad's gradient op
+    computes NCHW inference directly, with the same bits.)"""
+    fwd = {1: "FusedBatchNorm", 2: "FusedBatchNormV2", 3: "FusedBatchNormV3"}[version]
+    grad_op = fwd.replace("Norm", "NormGrad")
+    gives = {"x": "x_backprop", "scale": "scale_backprop", "offset": "offset_backprop"}
+    calls = []
+    for training, (m, v) in ((True, (_out("reserve_space_1"), _out("reserve_space_2"))),
+                             (False, (_in("mean"), _in("variance")))):
+        args = {"y_backprop": _grad("y"), "x": _in("x"), "scale": _in("scale"),
+                "reserve_space_1": m, "reserve_space_2": v}
+        if version == 3:
+            args["reserve_space_3"] = _out("reserve_space_3")
+        calls.append(GradCall(grad_op, args, gives, {"is_training": training}))
+    return tuple(calls)
+
+
+_DW = "DepthwiseConv2dNative"
+_DW_IN, _DW_FILTER = _DW + "BackpropInput", _DW + "BackpropFilter"
+
+GRADIENTS: dict[str, tuple[GradCall, ...]] = {
+    **{op: _fake_quant(op) for op in ("FakeQuantWithMinMaxArgs", "FakeQuantWithMinMaxVars",
+                                      "FakeQuantWithMinMaxVarsPerChannel")},
+    "FusedBatchNorm": _batch_norm(1),
+    "FusedBatchNormV2": _batch_norm(2),
+    "FusedBatchNormV3": _batch_norm(3),
+    # TF's _DepthwiseConv2dNativeGrad and the gradients of its two backprops: the three ops
+    # are bilinear and differentiate each other, to any order.
+    _DW: (
+        GradCall(_DW_IN, {"input_sizes": _shape("input"), "filter": _in("filter"),
+                          "out_backprop": _grad("output")}, {"input": "output"}),
+        GradCall(_DW_FILTER, {"input": _in("input"), "filter_sizes": _shape("filter"),
+                              "out_backprop": _grad("output")}, {"filter": "output"}),
+    ),
+    _DW_IN: (
+        GradCall(_DW_FILTER, {"input": _grad("output"), "filter_sizes": _shape("filter"),
+                              "out_backprop": _in("out_backprop")}, {"filter": "output"}),
+        GradCall(_DW, {"input": _grad("output"), "filter": _in("filter")},
+                 {"out_backprop": "output"}),
+    ),
+    _DW_FILTER: (
+        GradCall(_DW_IN, {"input_sizes": _shape("input"), "filter": _grad("output"),
+                          "out_backprop": _in("out_backprop")}, {"input": "output"}),
+        GradCall(_DW, {"input": _in("input"), "filter": _grad("output")},
+                 {"out_backprop": "output"}),
+    ),
+    "FractionalAvgPool": (
+        GradCall("FractionalAvgPoolGrad",
+                 {"orig_input_tensor_shape": _shape("value"), "out_backprop": _grad("output"),
+                  "row_pooling_sequence": _out("row_pooling_sequence"),
+                  "col_pooling_sequence": _out("col_pooling_sequence")},
+                 {"value": "output"}),
+    ),
+    "FractionalMaxPool": (
+        GradCall("FractionalMaxPoolGrad",
+                 {"orig_input": _in("value"), "orig_output": _out("output"),
+                  "out_backprop": _grad("output"),
+                  "row_pooling_sequence": _out("row_pooling_sequence"),
+                  "col_pooling_sequence": _out("col_pooling_sequence")},
+                 {"value": "output"}),
+    ),
+}
+
+@dataclass(frozen=True)
+class Linearised:
+    """A gradient op differentiated through its portable implementation."""
+
+    inputs: tuple[str, ...]
+    """The inputs that get gradients."""
+    outputs: tuple[str, ...]
+    """The outputs whose incoming gradients count."""
+
+
+_BN_GRAD_GRAD = Linearised(("y_backprop", "x", "scale"),
+                           ("x_backprop", "scale_backprop", "offset_backprop"))
+
+LINEARISED: dict[str, Linearised] = {
+    # TF's _FusedBatchNormGradGrad: the gradient of the composite _BatchNormGrad.
+    "FusedBatchNormGrad": _BN_GRAD_GRAD,
+    "FusedBatchNormGradV2": _BN_GRAD_GRAD,
+    "FusedBatchNormGradV3": _BN_GRAD_GRAD,
+    # Linear in out_backprop: its adjoint averages over the same cells.
+    "FractionalAvgPoolGrad": Linearised(("out_backprop",), ("output",)),
+}
+
+
+def calls(op_name: str, attrs: dict[str, Any]) -> tuple[GradCall, ...]:
+    """The gradient calls that apply to ``op_name`` with these attrs."""
+    return tuple(c for c in GRADIENTS.get(op_name, ()) if c.applies(attrs))
+
+
+def differentiable_outputs(op_name: str) -> tuple[str, ...]:
+    """The outputs whose incoming gradients TF's gradient function uses."""
+    names = {f.name for c in GRADIENTS.get(op_name, ()) for f in c.args.values()
+             if f.kind == "grad"}
+    if op_name in LINEARISED:
+        names.update(LINEARISED[op_name].outputs)
+    return tuple(o.name for o in get_op_def(op_name).outputs if o.name in names)
+
+
+def differentiable_inputs(op_name: str) -> tuple[str, ...]:
+    """The inputs that get a gradient (under some attrs)."""
+    if op_name in LINEARISED:
+        return LINEARISED[op_name].inputs
+    names = {k for c in GRADIENTS.get(op_name, ()) for k in c.gives}
+    return tuple(i.name for i in get_op_def(op_name).inputs if i.name in names)
+
+
+def has_gradient(op_name: str) -> bool:
+    return op_name in GRADIENTS or op_name in LINEARISED
+
+
+def _check_table() -> None:
+    """Every name in the table is an input or output of the op it refers to."""
+    for fwd, grad_calls in GRADIENTS.items():
+        f = OPS[fwd]
+        ins, outs = {i.name for i in f.inputs}, {o.name for o in f.outputs}
+        for c in grad_calls:
+            g = OPS[c.op]
+            assert set(c.args) == {i.name for i in g.inputs}, (fwd, c.op)
+            for src in c.args.values():
+                assert src.name in (outs if src.kind in ("output", "grad") else ins), src
+            assert set(c.gives) <= ins and set(c.gives.values()) <= {o.name for o in g.outputs}
+            assert {a.name for a in g.attrs} <= {a.name for a in f.attrs}, c.op
+            assert set(c.when) <= {a.name for a in f.attrs}
+    for op, lin in LINEARISED.items():
+        assert set(lin.inputs) <= {i.name for i in OPS[op].inputs}, op
+        assert set(lin.outputs) <= {o.name for o in OPS[op].outputs}, op
+
+
+_check_table()
