@@ -46,6 +46,13 @@ def infer(op_name: str, arguments: dict[str, Any]) -> tuple[Spec, ...]:
 
     Raises what the op raises for such arguments (``InvalidArgumentError``, ``TypeError``).
     """
+    return bind_and_infer(op_name, arguments)[1]
+
+
+def bind_and_infer(op_name: str, arguments: dict[str, Any]
+                   ) -> tuple[dict[str, Any], tuple[Spec, ...]]:
+    """:func:`infer`, also returning the validated arguments (attrs normalised as the op
+    gets them: float attrs rounded to float32, lists as tuples)."""
     op = get_op_def(op_name)
     kwargs = _validate.bind(op, arguments)
     computed = family_module(op).check(op.name, kwargs)
@@ -64,4 +71,4 @@ def infer(op_name: str, arguments: dict[str, Any]) -> tuple[Spec, ...]:
             shapes.append((0,))
         else:
             shapes.append(tuple(computed[o.name]))
-    return tuple(zip(shapes, dtypes))
+    return kwargs, tuple(zip(shapes, dtypes))
