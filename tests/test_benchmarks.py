@@ -122,3 +122,14 @@ def test_bounds_count_the_ops_bytes_and_multiply_adds():
                 oh, ow = (H - fh) // s + 1, (W - fw) // s + 1
             n_out = N * oh * ow * C * M
         assert bounds._macs(b, kw) == n_out * fh * fw
+
+
+def test_adapter_benchmark_smoke(tmp_path):
+    import pytest
+
+    pytest.importorskip("torch")
+    out = tmp_path / "adapters.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapters.py"), "--smoke",
+                        "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(v > 0 for v in json.loads(out.read_text()).values())

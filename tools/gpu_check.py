@@ -1,0 +1,262 @@
+"""Check tfgrad's portable (torch) and native (JAX) implementations on a GPU.
+
+    python tools/gpu_check.py [--out REPORT.md] [--device cuda] [--skip-jax] [--quick]
+
+1. Every case of tests/cases through ``torch.ops.tfgrad.*`` on the device (the portable
+   implementation) against the exact CPU kernels, within each family's BOUNDS
+   (``tfgrad.torch._portable.<family>.BOUNDS``); the largest distance seen per op, output
+   and dtype.
+2. ``torch.compile(fullgraph=True)`` of a chain of tfgrad ops on the device: the same bits
+   as eager on the device.
+3. Timings against torch's nearest native ops (``fake_quantize_per_channel_affine``,
+   ``batch_norm``, ``conv2d`` with groups, ``FractionalMaxPool2d``), forward and
+   forward+backward, and one training step of examples/torch_qat_mobilenet.py's model.
+4. The JAX native path (tools/_gpu_check_jax.py), unless --skip-jax.
+
+Nothing in CI needs a GPU; ``--device cpu`` runs the same checks on the CPU (portable
+path forced) to keep this script working. Meant to finish in under 5 minutes on one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import torch  # noqa: E402
+
+import tfgrad  # noqa: E402
+import tfgrad.torch as tt  # noqa: E402
+from tests.cases import CASES  # noqa: E402
+from tfgrad import _distance  # noqa: E402
+from tfgrad.torch import _ops  # noqa: E402
+
+
+def _to_device(kwargs: dict, op_name: str, device: str) -> dict:
+    op = tfgrad.get_op_def(op_name)
+    args = {}
+    for i in op.inputs:
+        v = np.asarray(kwargs[i.name])
+        if i.is_shape:
+            args[i.name] = [int(x) for x in v.reshape(-1)]
+        else:
+            t = (torch.from_numpy(v.view(np.int16).copy()).view(torch.bfloat16)
+                 if v.dtype.name == "bfloat16" else torch.from_numpy(np.array(v, order="C")))
+            args[i.name] = t.to(device)
+    args.update({a.name: kwargs[a.name] for a in op.attrs if a.name in kwargs})
+    if _ops.takes_seeds(op) and not args.get("deterministic"):
+        args.update(deterministic=True, seed=7, seed2=11)
+    return args
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return _ops.to_numpy(t.detach().cpu())
+
+
+def check_cases(device: str, report: list[str]) -> bool:
+    """Every case on the device against the exact CPU kernels, within BOUNDS."""
+    worst: dict[tuple[str, str, str], float] = {}
+    failures = []
+    for case in CASES:
+        op = tfgrad.get_op_def(case.op)
+        bounds = importlib.import_module(f"tfgrad.torch._portable.{op.family}").BOUNDS
+        kwargs = case.kwargs()
+        args = _to_device(kwargs, case.op, device)
+        exact_args = {k: (v if not isinstance(v, torch.Tensor) else v.cpu())
+                      for k, v in args.items()}
+        with tt.use_impl("exact"):
+            want = _ops.OPERATORS[case.op](**exact_args)
+        with tt.use_impl("portable"):
+            got = _ops.OPERATORS[case.op](**args)
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        for o, w, g in zip(op.outputs, want, got):
+            dt = _ops._DTYPE_NAMES[w.dtype]
+            limit = bounds.get(case.op, {}).get(o.name, {}).get(dt, 0)
+            gn, wn = _numpy(g), _numpy(w)
+            d = 0.0 if _distance.bit_identical(gn, wn) else _distance.distance(gn, wn)
+            key = (case.op, o.name, dt)
+            worst[key] = max(worst.get(key, 0.0), d)
+            if (limit == 0 and d != 0) or d > limit:
+                failures.append(f"{case.id} {o.name} {dt}: distance {d:.3g} > bound {limit}")
+    report.append(f"## Portable path on {device} vs the exact CPU kernels ({len(CASES)} cases)\n")
+    report.append("| op | output | dtype | largest distance |")
+    report.append("|---|---|---|---|")
+    for (op_name, out, dt), d in sorted(worst.items()):
+        report.append(f"| {op_name} | {out} | {dt} | {'bit-identical' if d == 0 else f'{d:.3g}'} |")
+    report.append("")
+    report.append(f"Outside the bounds: {len(failures)}")
+    report.extend(f"- {f}" for f in failures[:50])
+    report.append("")
+    return not failures
+
+
+def _chain(x, w, scale, offset, lo, hi):
+    y = tt.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME")
+    z = tt.fused_batch_norm_v3(y, scale, offset, torch.zeros(0, device=x.device),
+                               torch.zeros(0, device=x.device)).y
+    q = tt.fake_quant_with_min_max_vars_per_channel(z, lo, hi)
+    return tt.fractional_avg_pool(q, [1.0, 1.5, 1.5, 1.0], deterministic=True, seed=3,
+                                  seed2=4).output
+
+
+def check_compile(device: str, report: list[str]) -> bool:
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(4, 17, 17, 8, generator=g), torch.randn(3, 3, 8, 2, generator=g),
+              torch.rand(16, generator=g) + 0.5, torch.randn(16, generator=g),
+              torch.full((16,), -2.0), torch.full((16,), 2.5)]
+    inputs = [t.to(device).requires_grad_() for t in inputs]
+
+    def run(fn):
+        out = fn(*inputs)
+        return [out.detach(), *torch.autograd.grad(out.square().sum(), inputs)]
+
+    with tt.use_impl("portable"):
+        eager = run(_chain)
+        t0 = time.perf_counter()
+        compiled = run(torch.compile(_chain, fullgraph=True))
+        secs = time.perf_counter() - t0
+    same = all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    report.append(f"## torch.compile(fullgraph=True) on {device}\n")
+    report.append(f"A chain of depthwise conv, batch norm, per-channel fake quant and fractional "
+                  f"average pooling: compiled in {secs:.1f}s; outputs and gradients "
+                  f"{'the same bits as eager' if same else 'DIFFER from eager'}.\n")
+    return same
+
+
+def _time(fn, device: str, reps: int) -> float:
+    """Median milliseconds of fn() over reps runs (after warm-up)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def timings(device: str, report: list[str], quick: bool) -> None:
+    n, h, c = (4, 28, 32) if quick else (32, 56, 64)
+    reps = 5 if quick else 20
+    dev = torch.device(device)
+    x = torch.randn(n, h, h, c, device=dev)  # NHWC
+    x_cl = x.permute(0, 3, 1, 2)  # the same memory as NCHW channels-last, for torch's ops
+    lo, hi = torch.full((c,), -3.0, device=dev), torch.full((c,), 3.0, device=dev)
+    scale_q = (hi - lo) / 255
+    zp = torch.full((c,), 128, dtype=torch.int32, device=dev)
+    w = torch.randn(3, 3, c, 1, device=dev)
+    w_t = w.permute(2, 3, 0, 1).contiguous()
+    gamma, beta = torch.ones(c, device=dev), torch.zeros(c, device=dev)
+    empty = torch.zeros(0, device=dev)
+    rows = [
+        ("fake quant per channel", lambda: tt.fake_quant_with_min_max_vars_per_channel(x, lo, hi),
+         lambda: torch.fake_quantize_per_channel_affine(x, scale_q, zp, 3, 0, 255)),
+        ("batch norm (training)",
+         lambda: tt.fused_batch_norm_v3(x, gamma, beta, empty, empty).y,
+         lambda: torch.nn.functional.batch_norm(x_cl, None, None, gamma, beta, training=True)),
+        ("depthwise conv 3x3", lambda: tt.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME"),
+         lambda: torch.nn.functional.conv2d(x_cl, w_t, padding=1, groups=c)),
+        ("fractional max pool",
+         lambda: tt.fractional_max_pool(x, [1.0, 1.44, 1.44, 1.0], deterministic=True,
+                                        seed=1, seed2=2).output,
+         lambda: torch.nn.functional.fractional_max_pool2d(x_cl, 2, output_ratio=1 / 1.44)),
+    ]
+    report.append(f"## Timings on {device}: tfgrad (portable) vs torch's nearest op, "
+                  f"[{n}, {h}, {h}, {c}] float32, median ms\n")
+    report.append("| op | tfgrad fwd | torch fwd | tfgrad fwd+bwd | torch fwd+bwd |")
+    report.append("|---|---|---|---|---|")
+    with tt.use_impl("portable"):
+        for name, ours, theirs in rows:
+            cells = []
+            for fn in (ours, theirs):
+                cells.append(_time(fn, device, reps))
+            for fn in (ours, theirs):
+                for t in (x, w, gamma, beta, lo, hi):
+                    t.requires_grad_(t.is_floating_point())
+
+                def fb(fn=fn):
+                    out = fn()
+                    out.sum().backward()
+                cells.append(_time(fb, device, reps))
+                for t in (x, w, gamma, beta, lo, hi):
+                    t.requires_grad_(False)
+                    t.grad = None
+            report.append(f"| {name} | {cells[0]:.3f} | {cells[1]:.3f} | {cells[2]:.3f} | "
+                          f"{cells[3]:.3f} |")
+    report.append("")
+    import torch_qat_mobilenet as qat
+
+    torch.manual_seed(0)
+    model = qat.TinyMobileNet().to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    xb, yb = qat.stripes(32, 24, torch.Generator().manual_seed(0))
+    xb, yb = xb.to(dev), yb.to(dev)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with tt.use_impl("portable"):
+        ms = _time(step, device, reps)
+    report.append(f"One training step of examples/torch_qat_mobilenet.py's model (batch 32, "
+                  f"24x24) on {device}: {ms:.2f} ms.\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", help="also write the report to this markdown file")
+    p.add_argument("--skip-jax", action="store_true")
+    p.add_argument("--quick", action="store_true", help="small timing shapes")
+    args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: run with --device cpu to check the portable path on the CPU")
+        return 2
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    report = [f"# tfgrad GPU check: {name}, torch {torch.__version__}\n"]
+    ok = True
+    steps = [("cases", lambda: check_cases(args.device, report)),
+             ("compile", lambda: check_compile(args.device, report)),
+             ("timings", lambda: timings(args.device, report, args.quick) or True)]
+    if not args.skip_jax:
+        def jax_part() -> bool:
+            sys.path.insert(0, str(ROOT / "tools"))
+            import _gpu_check_jax
+
+            _gpu_check_jax.run(report)
+            return True
+        steps.append(("jax", jax_part))
+    for label, fn in steps:
+        t0 = time.perf_counter()
+        try:
+            ok = bool(fn()) and ok
+        except Exception:
+            ok = False
+            report.append(f"## {label}: FAILED\n\n```\n{traceback.format_exc()}```\n")
+        print(f"[{label}: {time.perf_counter() - t0:.1f}s]", file=sys.stderr)
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
