@@ -66,7 +66,7 @@ class flush_denormals:  # (lower case: used as a function, ``with flush_denormal
     """Run the block with FTZ and DAZ set on this thread, as TF runs its kernels.
 
     (A class, not a ``contextlib`` generator: every op enters one, and the generator's
-    machinery cost a few microseconds a call.)"""
+    machinery costs more than the block it guards on a small op.)"""
 
     __slots__ = ("old",)
 

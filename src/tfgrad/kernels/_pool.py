@@ -6,24 +6,20 @@ of ``size`` tasks with ``claim`` (an atomic add on ``ctl[0]``) until none is lef
 counts the tasks of each chunk it finishes in ``ctl[1]``; the caller returns once
 ``ctl[1]`` reaches ``ntasks``. So a thread that does not get a CPU simply takes no chunk,
 and the caller waits for chunks, never for a thread (Numba's parallel loops split the
-work statically and end on a barrier: on a loaded machine a 12 ms op took 48 ms). No
-result depends on which thread takes which chunk.
+work statically and end on a barrier, which on a loaded machine waits for a descheduled
+thread). No result depends on which thread takes which chunk.
 
-Why not a ``ThreadPoolExecutor`` handing out chunks from Python, as before: on a VM a
-thread that sleeps takes 20-70 us to wake (the host has to run its virtual CPU again),
-and every chunk went back through the GIL. The stride-2 depthwise forward (0.7 ms) lost
-a fifth of its time to that: 36 us to start the second thread, 2 us a chunk for each
-thread, 30 us to wake the caller at the end. Here the chunks are claimed in compiled
-code (the caller works while a pool thread wakes, and the pool thread joins when it
-can), and the caller spins (without the GIL, ``pause`` between looks) up to ``WAIT_US``
-for the other threads' last chunks before it sleeps; not when there are more threads
-than CPUs, where a spinning thread takes the CPU another one needs.
+Why the chunks are claimed in compiled code rather than handed out from Python: on a VM
+a sleeping thread is slow to wake (the host has to run its virtual CPU again), and every
+chunk would go back through the GIL. Here the caller works while a pool thread wakes, the
+pool thread joins when it can, and the caller spins (without the GIL, ``pause`` between
+looks) up to ``WAIT_US`` for the other threads' last chunks before it sleeps; not when
+there are more threads than CPUs, where a spinning thread takes the CPU another one needs.
 
-The pool threads themselves sleep as soon as an op is done. Spinning up to 300 us for
-the next op made back-to-back depthwise ops no faster (alternating processes) and made
-a Numba-parallel batch norm right after one 0.05-0.1 ms slower (its second OpenMP thread
-shared a CPU with the spinner); Numba's OpenMP threads spinning after every kernel made
-1 ms kernels take 25 ms on a busy machine (see ``tfgrad/__init__.py``).
+The pool threads themselves sleep as soon as an op is done: spinning for the next op made
+back-to-back ops no faster and took a CPU from the next Numba-parallel op's threads (as
+Numba's OpenMP threads spinning after every kernel would: see ``tfgrad/__init__.py``).
+Measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -44,8 +40,8 @@ from numba.extending import intrinsic
 from .._fpenv import X86, flush_this_thread
 
 WAIT_US = 300.0
-"""How long the calling thread spins for the other threads' last chunks (each chunk of
-the depthwise ops takes 30-70 us) before it sleeps."""
+"""How long the calling thread spins for the other threads' last chunks (a few chunks'
+time on the depthwise ops) before it sleeps."""
 
 
 def _int64_slot(context, builder, sig, args):  # type: ignore[no-untyped-def]
@@ -141,8 +137,8 @@ _GET_NUM_THREADS: Callable[[], int] | None = None
 
 def num_threads() -> int:
     """numba.get_num_threads() (this thread's setting) without the check that Numba's
-    threads are launched on every call, which takes ~8 us with the caches cold after an
-    op: the check runs once, then the threading layer's own getter is called. (Every
+    threads are launched on every call, which is slow with the caches cold after an op:
+    the check runs once, then the threading layer's own getter is called. (Every
     family's kernels read their thread count here.)"""
     global _GET_NUM_THREADS
     if _GET_NUM_THREADS is None:
@@ -253,10 +249,8 @@ def _pool(n: int) -> _Pool:
 
 def run(kernel, ntasks: int, threads: int, *args) -> None:  # type: ignore[no-untyped-def]
     """kernel(*args, ctl, size, ntasks) over the tasks [0, ntasks) on ``threads``
-    threads, this one included, in 8 chunks a thread. (The last chunk to finish decides
-    the op's time: with chunks handed out from Python, 16 a thread were 3-10 % faster than
-    4 on the MobileNet shapes on 2 cores; claimed here, 8 are ~2 % faster than 16 on the
-    stride-2 forward and the 5x5 M = 2 BackpropInput, and 32 are 3-10 % slower.)"""
+    threads, this one included, in 8 chunks a thread (the last chunk to finish decides
+    the op's time: fewer chunks leave a longer tail, many more cost more than they save)."""
     ctl = np.zeros(2, np.int64)
     nchunks = min(ntasks, 8 * threads) if threads > 1 else 1
     if nchunks <= 1:

@@ -334,7 +334,7 @@ copy-like op's memory traffic."""
 
 
 def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]  # (a.ctypes builds a ctypes object: ~2 us)
+    return a.__array_interface__["data"][0]  # (a.ctypes would build a ctypes object)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -349,9 +349,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def aligned_scratch(n, like):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Compiled code's aligned_empty: n uninitialised values of like's dtype (1-D, C
     layout) on a 64-byte boundary. A kernel's scratch rows read by whole vectors must
-    start on one: off it every vector load spans two cache lines, and the depthwise
-    5x5 M = 2 forward ran at 1.9 or 3.2 ms from process to process, depending on where
-    the allocator put its ring."""
+    start on one: off it every vector load spans two cache lines, and a kernel's speed
+    would depend on where the allocator put its scratch."""
     k = 64 // like.itemsize
     raw = np.empty(n + k, like.dtype)
     off = (-(raw.ctypes.data // like.itemsize)) % k
@@ -538,10 +537,7 @@ def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
 def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     """Hint the cache line holding arr.flat[i] into L2 (``prefetcht1``; never faults, any
     i). Not into L1 (``prefetcht0``): the kernels prefetch a row of work ahead, and lines
-    brought into L1 that early evict the lines in use. On Zen 4, prefetcht0 made the
-    depthwise stride-2 forward and BackpropFilter 1.3x slower, BackpropInput stride 1
-    1.25x, and batch norm's NHWC gradient sums 1.25x slower than with no prefetch at all,
-    where prefetcht1 makes them as fast or faster (kernel A/B, same bits)."""
+    brought into L1 that early evict the lines in use (measured: benchmarks/RESULTS.md)."""
     if not isinstance(arr, types.Array) or not isinstance(i, types.Integer):
         return None
 

@@ -1,9 +1,9 @@
 """Fused Numba kernels for FusedBatchNorm{,V2,V3} and FusedBatchNormGrad{,V2,V3}.
 
 Every kernel reproduces TF 2.21's Eigen CPU kernel bit for bit (the formulas are in
-``tfgrad.ops.batch_norm``). The data are viewed channel-last as flat ``[R, C]`` (NHWC) or as
-flat ``[N, C, S]`` (NCHW, S = H*W or D*H*W); a *row* is one (n, spatial) position, in TF's
-NHWC order.
+docs/batch_norm.md; the NumPy reference in ``tfgrad.ops.batch_norm``). The data are viewed
+channel-last as flat ``[R, C]`` (NHWC) or as flat ``[N, C, S]`` (NCHW, S = H*W or D*H*W);
+a *row* is one (n, spatial) position, in TF's NHWC order.
 
 Reduction orders (what makes the results exact and independent of the thread count):
 
@@ -31,12 +31,11 @@ are parallel over anything. Passes over the data:
   in cache; the write pass in whole vectors (``_span``), non-temporal for large outputs.
   The sums put one channel in each lane of an eight-lane vector: eight positions of
   eight channels are loaded and transposed in registers (``_simd.vload8_t``), so each
-  lane adds its channel's rows in TF's order (``_eigen_sum8``, ``_nchw_sums8``). On
-  16x128x56x56 this made the whole op 1.6-1.9x faster than scalar chains over two
-  (forward) or four (gradient) channels: training forward 3.0-3.4 -> 2.2 ms, gradient
-  6.1-8.4 -> 3.9-4.4 ms. An earlier try with 16 channels transposed through an L1 tile
-  was slower (32 concurrent memory streams). A last group of fewer than eight channels
-  sums the lanes of the last eight and writes only its own; C < 8 keeps scalar chains.
+  lane adds its channel's rows in TF's order (``_eigen_sum8``, ``_nchw_sums8``): much
+  faster than scalar chains over a few channels. Eight, not sixteen: sixteen channels of
+  dy and x are 32 concurrent memory streams, more than the hardware prefetchers follow.
+  A last group of fewer than eight channels sums the lanes of the last eight and writes
+  only its own; C < 8 keeps scalar chains.
 
 Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``). The op sets
 them on the calling thread; every parallel loop body sets them on its own (Numba's)
@@ -716,10 +715,9 @@ def _grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
 # channel vectors (64 channels) per block with every accumulator in a register. The sums
 # are the same per-lane additions in the same order as above (one lane per channel), so
 # the results are the same bits; what changes is the memory traffic:
-# - the sums prefetch _PF rows ahead into L2 (a block reads 256 of every C*4 bytes; the
-#   hardware prefetcher alone left the passes at half the streaming bandwidth on Zen 3;
-#   on Zen 4 the gradient's sums took 1.58 ms with these prefetches, 1.65 ms with none
-#   and 2.04 ms prefetching into L1 as well, kernel alone);
+# - the sums prefetch _PF rows ahead into L2 (a block reads 256 of every C*4 bytes, a
+#   strided pattern the hardware prefetcher alone follows at a fraction of the streaming
+#   bandwidth);
 # - y / x_backprop go out with non-temporal stores when large (no read for ownership,
 #   and x stays in the last-level cache instead of being evicted by the output).
 # --------------------------------------------------------------------------------------
@@ -817,10 +815,9 @@ def _stats_block(x, R, C, c0, nv, four, inv, mean, var):  # type: ignore[no-unty
     """Mean and variance of the nv channel vectors from c0: two _colsum_vec passes.
 
     Inlined by LLVM at call sites that pass nv as a constant, so that the row loops
-    carry no tests of nv. With nv known only at run time the two passes took 1.22-1.26x
-    as long with 64-channel blocks on AVX2 (1.49 against 1.23 ms over [16,56,56,128] on
-    two threads; 1.08-1.10x with 48- and 32-channel blocks). The same change to the
-    gradient sums (_grad_sums_nhwc_vec) measured 0.9-1.17x: not made."""
+    carry no tests of nv (a run-time nv cost the passes about a fifth of their time).
+    The gradient sums (_grad_sums_nhwc_vec) gained nothing from it: they are bound by
+    reading half of every row on each thread, not by their arithmetic."""
     z = vzeros(x)
     a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, False, z, z, z, z)
     f = vfull(x, inv)

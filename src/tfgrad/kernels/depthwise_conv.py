@@ -1,6 +1,7 @@
 """Fused Numba kernels for depthwise convolution (NHWC, any stride / dilation / padding).
 
-Every output element is accumulated in TF's order (see ``tfgrad.ops.depthwise_conv``);
+Every output element is accumulated in TF's order (docs/depthwise_conv.md; the NumPy
+reference is in ``tfgrad.ops.depthwise_conv``);
 the loops vectorise across contiguous (pixel, lane) runs, never across an element's own
 terms. No im2col buffer and no pass over a whole tensor per tap:
 
@@ -26,47 +27,41 @@ Filter sizes 1x1, 2x2, 3x3, 5x5 and 7x7 in float32 / float64 take register-block
 kernels instead (compiled per filter size, so the taps unroll): four output pixels' lane
 vectors (``_simd``: 16 float32 / 8 float64 lanes) stay in registers across all taps, the
 stride-1 forward and BackpropInput slide their input / out_backprop columns through
-registers, and the next row's input is prefetched (without it a single thread stalls on
-memory for a third of its time). BackpropInput takes the border pixels four at a time
-too, a missed tap adding w * 0 (a no-op for a finite filter but on a -0, see above), so
-only the last W mod 4 pixels of a phase go one by one; the integer minimum of a block's
+registers, and the next row's input is prefetched (without it a thread stalls on memory
+for much of its time). BackpropInput takes the border pixels four at a time too, a
+missed tap adding w * 0 (a no-op for a finite filter but on a -0, see above), so only
+the last W mod 4 pixels of a phase go one by one; the integer minimum of a block's
 stored vectors' bits (``vmin_bits``) tells whether it wrote a -0 (see _negzero). The
 BackpropFilter one holds the tap accumulators of up to three filter rows (21 vectors; on
 AVX2, where a vector is two of 16 registers, as many rows as keep 9 of them: one for
 5x5; on AVX-512 all five rows of a 5x5 filter, 25 vectors, where they are all inside)
-in registers over an output row, so each out_backprop vector is loaded once per
-group of filter rows, and prefetches the next output row's lines (3x3 stride 1 on one
-thread: 9.5 ms with the run kernel, 4.1 ms). Where a pixel is exactly two lane vectors
-(C * M = 32 float32 / 16 float64) and both vectors' accumulators fit (3x3 and smaller on
-AVX-512), one sweep takes the pair: each input row passes through L1 once per output
-row, not once per lane vector (3x3 stride 2, 32 channels: 0.94-1.01 -> 0.76-0.78 ms on
-NumPy's inputs 16 bytes off a line; pairs of 128 channels' vectors were up to 10% slower).
+in registers over an output row, so each out_backprop vector is loaded once per group
+of filter rows, and prefetches the next output row's lines. Where a pixel is exactly two
+lane vectors (C * M = 32 float32 / 16 float64) and both vectors' accumulators fit (3x3
+and smaller on AVX-512), one sweep takes the pair: each input row passes through L1 once
+per output row, not once per lane vector (pairing the vectors of wider pixels was slower).
 Multipliers M > 1 expand each input row once into a ring with every channel repeated M
 times (and BackpropInput reduces over the multiplier per pixel); both loops vectorise
-for M = 2, which halved the 5x5 M = 2 forward on Zen 3. When M = 2 and C * M is whole
-lane vectors the forward's ring is blocked by lane vector (``_row_offset_blocked``: a
-lane vector's pixels in consecutive lines) and each output row's 4-pixel blocks go lane
-vector by lane vector, so the lines one sweep reads stay in L1 from block to block; in
-the pixel-major layout a block's 8 pixels x 5 rows of every lane vector fill L1 and the
-768-byte pixel stride defeats the prefetchers (5x5 M = 2 forward on Zen 3: 34-36% of
-the multiply throughput -> 41-48%, ~20% faster). (M = 3 or 4 keep the pixel-major ring:
-blocked, their expansion went lane by lane and made the forward 1.7-3.3x slower on Zen
-4.) BackpropFilter, which sweeps lane vector by lane vector anyway, reads its M = 2
-input rows from the same blocked ring (5x5 M = 2 on Zen 4: 1.59 -> 1.44 ms; an earlier
-trial that also changed the M = 1 path gained ~5% there and lost ~6% at M = 1, which
-here keeps x's own layout). BackpropInput with M > 1 reads its out_backprop rows from
-such a ring too (a reorder of g's rows, nothing repeated) and sweeps the same way (5x5
-M = 2 on Zen 3: 6-14% faster on two threads, 1-2% on one quiet thread, ~17% beside
-another process); the sweep over the pixel-major rows without the ring had made it
-1.4-4x slower, and the ring with a row buffer for M = 1 left stride 1 as it was and made
-stride 2 2.6x slower. With M = 2 on an
-even number of lane vectors (AVX-512) its blocks take two lane vectors at once and add
-each pixel's multiplier pairs themselves (``vpairsum``), writing the output directly
-instead of through a per-lane scratch and a pass over it (5x5 M = 2 on Zen 4: 1.41 ->
-1.21 ms). Each element's arithmetic is the same as in the kernels above. The forward and
-BackpropInput ones (M = 1, and M = 2's pair blocks) write outputs of 4 MiB or more whose
-pixels are whole 64-byte lines with non-temporal stores (``_simd.stream_output``): no
-read-for-ownership of lines that are only written, a third of a stride-1 op's traffic.
+for M = 2. When M = 2 and C * M is whole lane vectors the forward's ring is blocked by
+lane vector (``_row_offset_blocked``: a lane vector's pixels in consecutive lines) and
+each output row's 4-pixel blocks go lane vector by lane vector, so the lines one sweep
+reads stay in L1 from block to block; in the pixel-major layout a block's 8 pixels x 5
+rows of every lane vector fill L1 and the 768-byte pixel stride defeats the prefetchers.
+(M = 3 or 4 keep the pixel-major ring: blocked, their expansion goes lane by lane and
+costs more than the layout saves.) BackpropFilter, which sweeps lane vector by lane
+vector anyway, reads its M = 2 input rows from the same blocked ring (M = 1 keeps x's
+own layout, where the ring's extra index arguments cost more than they save).
+BackpropInput with M > 1 reads its out_backprop rows from such a ring too (a reorder of
+g's rows, nothing repeated) and sweeps the same way; that sweep over the pixel-major
+rows, without the ring, is slower, and for M = 1 a ring (with a row buffer) is no faster
+at stride 1 and slower at stride 2. With M = 2 on an even number of lane vectors
+(AVX-512) its blocks take two lane vectors at once and add each pixel's multiplier pairs
+themselves (``vpairsum``), writing the output directly instead of through a per-lane
+scratch and a pass over it. Each element's arithmetic is the same as in the kernels
+above. The forward and BackpropInput ones (M = 1, and M = 2's
+pair blocks) write outputs of 4 MiB or more whose pixels are whole 64-byte lines with
+non-temporal stores (``_simd.stream_output``): no read-for-ownership of lines that are
+only written, a third of a stride-1 op's traffic.
 
 float16 / bfloat16 run on float32 copies of the inputs (exact) with ``mode`` 1 / 2
 rounding to the half type after every step (one term at a time), as Eigen's half packets
@@ -77,9 +72,9 @@ of tasks (output or input rows, or images) from a shared counter until none is l
 (``_pool.claim``), run at once on the calling thread and on ``numba.get_num_threads() -
 1`` pool threads (``_pool``), instead of ``parallel=True`` loops: on a loaded machine
 Numba's OpenMP layer splits the work statically and ends on a barrier that waits for a
-descheduled thread (an op that takes 12 ms on one thread took a steady 48 ms on two).
-Ops under 1M multiply-adds run on the calling thread alone: waking a pool thread costs
-~70 us on a VM, more than they take. No result depends on the chunking or the thread count.
+descheduled thread. Ops under 1M multiply-adds run on the calling thread alone: waking a
+pool thread costs more than they take. No result depends on the chunking or the thread
+count. (Measurements: benchmarks/RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -844,7 +839,7 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-d
     d0 = s * W * C * M
     if tags[s] != n * H + ii:
         # Unsigned indices and M = 2 spelled out: LLVM vectorises these loops (the
-        # generic one as written cost as much as a 3x3 M = 2 forward's arithmetic).
+        # generic scalar loop cost as much as the convolution's arithmetic).
         u = np.uint64
         s0, dd, m = u((n * H + ii) * W * C), u(d0), u(M)
         if M == 2:
@@ -880,9 +875,8 @@ def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[
     consecutive lines, which stay in L1 from one 4-pixel block to the next (in the
     pixel-major layout they are C * M values apart and the prefetchers miss them).
     M = 1 only reorders (BackpropInput's out_backprop rows, whose C holds C * M). No
-    other M: expanded lane by lane (a division per lane) the ring cost more than the
-    layout saves (the forward with M = 3 or 4: 1.7-3.3x slower than the pixel-major
-    ring, whose loop vectorises)."""
+    other M: expanded lane by lane (a division per lane) the ring costs more than the
+    layout saves (the pixel-major ring's expansion loop vectorises)."""
     s = ii % tags.size
     CM = C * M
     d0 = s * W * CM
@@ -1160,7 +1154,7 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
                 for c in range(FW):
                     wv = vload(wf, (r * FW + c) * CM + ch)
                     # g3 first: it leaves the window after this tap (so its register
-                    # frees early; in this order LLVM spills 4 vectors, not 14, on AVX2)
+                    # frees early, and LLVM spills far fewer vectors on AVX2)
                     v3, v2, v1, v0 = _mac4(v3, v2, v1, v0, wv, g3, g2, g1, g0, True)
                     if pair:
                         wv = vload(wf, (r * FW + c) * CM + ch + NL)
@@ -1363,8 +1357,8 @@ def _make_backprop_input_vec(FH: int, FW: int, stream: bool, blocked: bool, pstr
 
 
 # BackpropFilter's helpers are inlined by LLVM (forceinline), not by Numba (inline=
-# "always"): Numba deep-copies a callee's IR at every site, and these nest 3 x 3 x 7 deep
-# (30 s to compile each filter size; ~8 s now). Timed A/B: the same speed, the same bits.
+# "always"): Numba deep-copies a callee's IR at every site, and these nest 3 x 3 x 7 deep,
+# which made each filter size compile several times longer. Same speed, same bits.
 @njit(forceinline=True)
 def _tap_x(src, check, ok, jj, W, i):  # type: ignore[no-untyped-def]
     """src's lanes at i; with ``check``, +0 unless the tap's pixel (row ok, column jj) is
@@ -1485,8 +1479,8 @@ def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl
     """All ow output columns of one output row for lane vector ch (``two``: and ch + NL):
     the border columns [0, ja) and [jb, ow) with each tap's pixel checked, the inside
     ones unchecked and prefetching the next output row's lines. An empty border range
-    is not called: its accumulators' loads and stores cost the 5x5 M = 2 op 11% (the
-    same test inside _filter_cols, an early return, made it 1.4x slower)."""
+    is not called, here rather than by an early return inside _filter_cols (which
+    compiled much slower): its accumulators' loads and stores cost time for nothing."""
     if ja > 0:
         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw,
                      W, -1, 0, 0, 0, two, NL, XS, XQ)
@@ -1502,8 +1496,8 @@ def _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow
                           pg, NL):
     """_filter_sweep over the lane-vector-blocked ring of M = 2, dilation 1 across: the
     strides are constants there, so each tap's operand is its row's pointer plus a fixed
-    displacement. With them as run-time values LLVM kept a pointer per tap (15 for a 5x5
-    filter's three rows) and spilled them to the stack; the 5x5 M = 2 op ran 7% slower."""
+    displacement. With them as run-time values LLVM keeps a pointer per tap (15 for a 5x5
+    filter's three rows), spills them to the stack and reloads one per multiply-add."""
     _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, NL, 1, W, pg,
                   0, 0, 0, False, NL, NL, W * NL)
 
@@ -1525,16 +1519,16 @@ def _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags, blocked, r
 def _filter_rows_per_sweep(FW: int) -> int:
     """Filter rows whose tap accumulators share one sweep of out_backprop: as many (up to
     3) as fit in the vector registers beside the operands. On AVX2 a vector takes two of
-    16 registers: 3x3 takes 3 rows, 5x5 one (two rows' 10 accumulators spill and ran at
-    half the speed on Zen 3)."""
+    16 registers: 3x3 takes 3 rows, 5x5 one (two rows' 10 accumulators would spill)."""
     return min(3, max(1, (21 if HOST_AVX512 else 9) // FW))
 
 
 def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     NR = _filter_rows_per_sweep(FW)
     # 5x5 with AVX-512: all five rows' 25 accumulators in one sweep where every row is
-    # inside (the 5x5 M = 2 op ~8% faster than with rows 3 + 2; with a padding row among
-    # the five the whole sweep takes the checked path: SAME 1.76-2.09 against 1.59-1.70 ms)
+    # inside: each out_backprop vector is loaded once, not twice as with rows 3 + 2. Not
+    # where a padding row is among the five: that would put the whole sweep on the
+    # checked path.
     NRI = 5 if HOST_AVX512 and FH == 5 and FW == 5 else NR
     PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
 
@@ -1561,8 +1555,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
         J1 = max(J0, min(ow, (W - 1 - (FW - 1) * dw + pl) // sw + 1))
         # M = 2 on whole lane vectors: x's rows expanded into a ring blocked by lane
         # vector (_row_offset_blocked), so that a sweep reads each row's lines in order
-        # (5x5 M = 2 on Zen 4: 1.59 -> 1.44 ms; in the pixel-major ring a sweep's lines
-        # are 768 bytes apart)
+        # (in the pixel-major ring a sweep's lines are C * M values apart)
         blocked = M == 2 and CV == CM
         XS = NL if blocked else CM  # src's pixel stride
         XQ = W * NL if blocked else NL  # src's lane-vector stride
@@ -1600,7 +1593,7 @@ def _make_backprop_filter_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                 npx = max(0, min(sh, 2, H - 1 - last))
                         for ch in range(0, CV, NL):
                             if PAIR and CM == 2 * NL:  # one sweep takes whole pixels (an
-                                if ch == 0:  # if / else around the loop compiled 10% slower)
+                                if ch == 0:  # if / else around the loop ran slower)
                                     _filter_sweep(bf, gf, src, go, 0, CM, ro, ok, nr, b, FW, ja,
                                                   jb, ow, sw, pl, tc, dw, W, pg, px, npx, W * C,
                                                   True, NL, XS, XQ)
@@ -1648,7 +1641,7 @@ def _vec_kernel(kind: str, fh: int, fw: int, mode: int, *flags: bool):  # type: 
 
 _INLINE_WORK = 1 << 20
 """Ops of fewer multiply-adds than this run on the calling thread alone: waking a pool
-thread costs ~70 us on a VM, more than such an op takes (~60 us). (Tests lower it.)"""
+thread costs more than such an op takes. (Tests lower it.)"""
 
 
 def _threads(work: int) -> int:

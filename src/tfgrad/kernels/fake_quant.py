@@ -1,4 +1,5 @@
-"""Fused Numba kernels for the fake-quant ops (see tfgrad.ops.fake_quant for the spec).
+"""Fused Numba kernels for the fake-quant ops (the spec: tfgrad.ops.fake_quant and
+docs/fake_quant.md).
 
 Every kernel makes one pass over its data. Float32 throughout, denormals flushed where
 TF's FTZ/DAZ mode can change a result: the loaded inputs and gradients, ``c - nmin``, and
