@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -52,6 +53,25 @@ def expected(case: Any, kwargs: dict[str, Any]) -> tuple[np.ndarray, ...]:
 def tf_error_types() -> tuple[type[Exception], ...]:
     tf = tensorflow()
     return (tf.errors.OpError, ValueError, TypeError)
+
+
+def tf_error_class(name: str) -> type[BaseException]:
+    """``tf.errors.<name>``, or the Python built-in of that name (TF's binding raises
+    TypeError for an attr of the wrong type)."""
+    import builtins
+
+    tf = tensorflow()
+    cls = getattr(tf.errors, name, None) or getattr(builtins, name)
+    assert isinstance(cls, type) and issubclass(cls, BaseException), name
+    return cls
+
+
+def tf_message(error: BaseException) -> str:
+    """TF's own words: without the eager wrapper's ``{{function_node ...}}`` prefix and
+    ``[Op:Name] name:`` suffix (kept as TF spaces them)."""
+    message = str(error).strip()
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message)
+    return re.sub(r"\s*\[Op:\w+\]( name:.*)?$", "", message, flags=re.S)
 
 
 def as_tuple(out: Any) -> tuple[np.ndarray, ...]:

@@ -2,12 +2,14 @@
 
 - fixtures: tfgrad (kernel and NumPy reference) == TF 2.21's stored outputs;
 - live: tfgrad == TF 2.21 run now on fresh random inputs (needs TensorFlow);
-- errors: bad inputs raise InvalidArgumentError/TypeError, and TF rejects them too;
+- errors: bad inputs raise the class TF raises (tfgrad.errors, TF's names; each an
+  InvalidArgumentError, or a TypeError) with TF's words, and TF rejects them too;
 - inputs are never modified; non-contiguous inputs give the same bits.
 """
 
 from __future__ import annotations
 
+import builtins
 import functools
 import re
 
@@ -140,10 +142,22 @@ def test_error(case):
         _run(case.op, case.kwargs())
     assert isinstance(info.value, (tfgrad.InvalidArgumentError, TypeError))
     assert re.search(case.match, str(info.value)), str(info.value)
+    # TF's class, under TF's name: tfgrad.errors.<Name> (or the built-in TF's binding raises)
+    assert case.error is TypeError or case.error in vars(tfgrad.errors).values(), case.error
+    if case.tf_error:  # a deliberate difference from TF's class
+        assert case.why and case.tf_error != case.error.__name__
+    else:
+        named = getattr(tfgrad.errors, case.tf_class, None) or getattr(builtins, case.tf_class)
+        assert isinstance(info.value, named), (case.tf_class, type(info.value))
 
 
 @pytest.mark.live
 @pytest.mark.parametrize("case", [c for c in ERROR_CASES if c.tf_rejects], ids=lambda c: c.id)
 def test_error_tf_agrees(case):
-    with pytest.raises(oracle.tf_error_types()):
+    """TF raises exactly the class the case names, with a message its pattern matches."""
+    with pytest.raises(Exception) as info:
         oracle.run_tf(case.op, case.kwargs())
+    assert type(info.value) is oracle.tf_error_class(case.tf_class), (
+        f"TF raised {type(info.value).__name__}, the case says {case.tf_class}: {info.value}")
+    message = oracle.tf_message(info.value)
+    assert re.search(case.tf_match or case.match, message), message

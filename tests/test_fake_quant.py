@@ -596,3 +596,31 @@ def test_no_full_size_temporaries(op):
         tracemalloc.stop()
     outputs = sum(np.asarray(o).nbytes for o in oracle.as_tuple(out))
     assert peak <= outputs + 64 * 1024, (peak, outputs)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("op", ["FakeQuantWithMinMaxVarsPerChannel",
+                                "FakeQuantWithMinMaxVarsPerChannelGradient"])
+def test_live_per_channel_rank0_inputs(op):
+    """TF 2.21's eager kernel aborts the process on a rank-0 ``inputs``; in a tf.function
+    its shape function rejects it, in the words tfgrad raises."""
+    args = "inputs=x, min=-np.ones(1, np.float32), max=np.ones(1, np.float32)"
+    if op.endswith("Gradient"):
+        args = "gradients=x, " + args
+    call = f"tf.raw_ops.{op}({args})"
+    code = ("import sys, numpy as np, tensorflow as tf\nx = np.float32(0.3)\n"
+            f"if sys.argv[1] == 'eager':\n    {call}\n"
+            f"else:\n    tf.function(lambda x: {call})(tf.constant(x))\n")
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    eager = subprocess.run([sys.executable, "-c", code, "eager"], capture_output=True,
+                           text=True, timeout=600, env=env)
+    assert eager.returncode < 0 and "Check failed: d >= 0" in eager.stderr, eager.stderr[-2000:]
+    graph = subprocess.run([sys.executable, "-c", code, "graph"], capture_output=True,
+                           text=True, timeout=600, env=env)
+    words = "Shape must be at least rank 1 but is rank 0"
+    assert graph.returncode == 1 and f"ValueError: {words}" in graph.stderr, graph.stderr[-2000:]
+    kw = dict(inputs=np.float32(0.3), min=-np.ones(1, np.float32), max=np.ones(1, np.float32))
+    if op.endswith("Gradient"):
+        kw["gradients"] = np.float32(1)
+    with pytest.raises(tfgrad.InvalidArgumentError, match=words):
+        getattr(raw_ops, op)(**kw)

@@ -672,3 +672,112 @@ def test_live_pinned_behaviours():
     ]
     for op, k in cases:
         oracle.assert_same(getattr(raw, op)(**k), oracle.run_tf(op, k), what=op)
+
+
+# --------------------------------------------------------------------------------------
+# Sequences longer than needed; where TF 2.21 crashes
+# --------------------------------------------------------------------------------------
+def _avg_grad_kw(rows, cols):
+    return dict(orig_input_tensor_shape=np.array([1, 3, 3, 1], I64),
+                out_backprop=np.arange(1, 5, dtype=F32).reshape(1, 2, 2, 1),
+                row_pooling_sequence=np.array(rows, I64),
+                col_pooling_sequence=np.array(cols, I64), overlapping=False)
+
+
+def test_avg_grad_ignores_values_after_its_cells():
+    """TF's FractionalAvgPoolGrad reads (and checks) only the first out_rows + 1 /
+    out_cols + 1 values; whatever follows is ignored."""
+    want = raw.FractionalAvgPoolGrad(**_avg_grad_kw([0, 1, 3], [0, 2, 3]))
+    for rows, cols in (([0, 1, 3, 2], [0, 2, 3]), ([0, 1, 3, -5, 2**62], [0, 2, 3, -(2**63)])):
+        kw = _avg_grad_kw(rows, cols)
+        for got in _both(lambda kw=kw: raw.FractionalAvgPoolGrad(**kw)):
+            oracle.assert_same(got, want)
+    with pytest.raises(tfgrad.InvalidArgumentError,
+                       match="Row sequence tensor values must not be negative, got  0 -1  3  9"):
+        raw.FractionalAvgPoolGrad(**_avg_grad_kw([0, -1, 3, 9], [0, 2, 3]))
+    with pytest.raises(tfgrad.InvalidArgumentError, match=r"must lie in \[0, 3\]"):
+        raw.FractionalAvgPoolGrad(**_avg_grad_kw([0, 1, 4, 2], [0, 2, 3]))
+
+
+_XT = np.array([[5, 5, 1], [5, 2, 5], [0, 5, 5]], F32).reshape(1, 3, 3, 1)
+
+
+@pytest.mark.parametrize("ov", [False, True])
+@pytest.mark.parametrize("rows,ok", [([0, 3, 3], True), ([0, 3, 9, -(2**63)], True),
+                                     ([0, 3, 2, 1], True), ([0, 3, -5], True),
+                                     ([0, 1, 3], False), ([0, 3, 0, 2], False)])
+def test_max_grad_accepts_extra_cells_only_when_empty(rows, ok, ov):
+    """TF's FractionalMaxPoolGrad pools every cell of its sequences, past its
+    orig_output-sized buffers for the extra ones: only extra cells TF leaves empty (start
+    past the clamped end) are safe, and then they change nothing."""
+    kw = dict(orig_input=_XT, orig_output=np.full((1, 1, 1, 1), 5, F32),
+              out_backprop=np.ones((1, 1, 1, 1), F32),
+              col_pooling_sequence=np.array([0, 3], I64), overlapping=ov)
+    want = raw.FractionalMaxPoolGrad(row_pooling_sequence=np.array([0, 3], I64), **kw)
+    call = lambda: raw.FractionalMaxPoolGrad(row_pooling_sequence=np.array(rows, I64), **kw)  # noqa: E731
+    if ok:
+        for got in _both(call):
+            oracle.assert_same(got, want)
+    else:
+        with pytest.raises(tfgrad.InvalidArgumentError, match="its extra cells must be empty"):
+            call()
+
+
+@pytest.mark.live
+def test_live_tf_over_long_sequences():
+    # AvgPoolGrad: the values after the first out_rows + 1 are never read.
+    kw = _avg_grad_kw([0, 1, 3, -5, 2**62], [0, 2, 3, -1])
+    oracle.assert_same(oracle.run_tf("FractionalAvgPoolGrad", kw),
+                       oracle.run_tf("FractionalAvgPoolGrad", _avg_grad_kw([0, 1, 3], [0, 2, 3])))
+    oracle.assert_same(raw.FractionalAvgPoolGrad(**kw), oracle.run_tf("FractionalAvgPoolGrad", kw))
+    # MaxPoolGrad: an extra, non-empty row cell of batch 0 is pooled into batch 1's slot
+    # (for the last batch, past the buffer): TF's own replay then fails, though the first
+    # two values make a valid sequence (batch 1's cell holds 7, batch 0's rows 1-2 hold 100).
+    x = np.zeros((2, 3, 3, 1), F32)
+    x[0, 0, :, 0], x[0, 1:] = [1, 2, 3], 100
+    x[1, 0, :, 0], x[1, 1:] = [7, 6, 5], 50
+    kw = dict(orig_input=x, orig_output=np.array([3, 7], F32).reshape(2, 1, 1, 1),
+              out_backprop=np.ones((2, 1, 1, 1), F32), col_pooling_sequence=np.array([0, 3], I64),
+              overlapping=False)
+    short, long = (dict(kw, row_pooling_sequence=np.array(r, I64)) for r in ([0, 1], [0, 1, 3]))
+    oracle.assert_same(raw.FractionalMaxPoolGrad(**short),
+                       oracle.run_tf("FractionalMaxPoolGrad", short))
+    with pytest.raises(Exception, match="tensor_out_dup is not the same as tensor_out"):
+        oracle.run_tf("FractionalMaxPoolGrad", long)
+    with pytest.raises(tfgrad.InvalidArgumentError, match="cell 1 spans \\[1, 2\\]"):
+        raw.FractionalMaxPoolGrad(**long)
+
+
+def _seqs(rows, cols):
+    return dict(row_pooling_sequence=np.array(rows, I64), col_pooling_sequence=np.array(cols, I64))
+
+
+_SHAPE = dict(orig_input_tensor_shape=np.array([1, 3, 3, 1], I64))
+_CRASHES = {  # inputs TF 2.21 crashes on (a signal), and tfgrad rejects
+    "avg_grad_deeper_out_backprop": ("FractionalAvgPoolGrad", dict(
+        _SHAPE, out_backprop=np.ones((1, 2, 2, 64), F32), **_seqs([0, 1, 3], [0, 2, 3]))),
+    "avg_grad_larger_out_backprop_batch": ("FractionalAvgPoolGrad", dict(
+        _SHAPE, out_backprop=np.ones((64, 2, 2, 1), F32), **_seqs([0, 1, 3], [0, 2, 3]))),
+    "max_grad_sequence_value_min_int64": ("FractionalMaxPoolGrad", dict(
+        orig_input=np.ones((1, 3, 3, 1), F32), orig_output=np.ones((1, 1, 1, 1), F32),
+        out_backprop=np.ones((1, 1, 1, 1), F32), **_seqs([-(2**63), 3], [0, 3]))),
+}
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("name", sorted(_CRASHES))
+def test_live_tf_crashes_where_tfgrad_raises(name):
+    """What docs/hardening.md and the README claim: TF 2.21 (Eigen kernels) dies of a
+    signal on these (heap corruption: SIGABRT from glibc, or SIGSEGV)."""
+    op, kw = _CRASHES[name]
+    code = ("import pickle, sys\nimport tensorflow as tf\n"
+            "op, kw = pickle.loads(sys.stdin.buffer.read())\ngetattr(tf.raw_ops, op)(**kw)\n")
+    import pickle
+
+    p = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((op, kw)),
+                       capture_output=True, timeout=600,
+                       env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0",
+                            "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert p.returncode < 0, (p.returncode, p.stderr[-2000:])
+    with pytest.raises(tfgrad.InvalidArgumentError):
+        getattr(raw, op)(**kw)

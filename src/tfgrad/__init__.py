@@ -5,7 +5,8 @@ Fake quantization (per tensor and per channel), fused batch normalization, depth
 
 - ``tfgrad.raw_ops.<OpName>(**kwargs)``: as ``tf.raw_ops`` (keyword-only).
 - ``tfgrad.<op_name>(inputs..., attr=...)``: as TF's generated Python wrappers.
-- Bad input raises :class:`InvalidArgumentError` (a ``ValueError``) or ``TypeError``.
+- Bad input raises :class:`InvalidArgumentError` (a ``ValueError``) or ``TypeError``;
+  ``tfgrad.errors`` has TF's error classes (``UnimplementedError``...) under TF's names.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 # before Numba's OpenMP runtime loads (at the first kernel call); a user's value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import raw_ops
+from . import errors, raw_ops
 from ._api import make_function
 from ._config import use_impl
 from ._errors import InvalidArgumentError, ResourceLimitError
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidArgumentError",
     "OpDef",
     "ResourceLimitError",
+    "errors",
     "get_op_def",
     "raw_ops",
     "use_impl",

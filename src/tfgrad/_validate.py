@@ -1,9 +1,11 @@
 """Argument checks shared by every op, driven by the op definitions in ``_opdefs``.
 
 ``bind`` turns the user's keyword arguments into NumPy arrays of the right dtype and
-attr values of the right Python type, or raises ``TypeError`` (wrong dtype, wrong
-attr type) / ``InvalidArgumentError`` (attr out of range, malformed value). Op-specific
-checks (shapes, sizes) live with each op family and use the small helpers below.
+attr values of the right Python type, or raises ``TypeError`` (wrong attr type, dtypes
+that do not convert) / ``InvalidArgumentError`` (attr out of range, malformed value; a
+dtype the op does not allow: ``InvalidDtypeError``, TF's InvalidArgumentError and a
+TypeError too), with TF's words first. Op-specific checks (shapes, sizes) live with each
+op family and use the small helpers below.
 
 Attr types are checked more strictly than TF's Python wrappers convert them, on purpose:
 TF truncates a float given for an int attr (``num_bits=8.7`` runs as 8) and takes a bool
@@ -20,7 +22,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ._errors import InvalidArgumentError, ResourceLimitError
+from ._errors import InvalidArgumentError, InvalidDtypeError, NotFoundError, ResourceLimitError
 from ._opdefs import REQUIRED, Attr, Input, OpDef
 
 DTYPES: dict[str, np.dtype] = {
@@ -37,6 +39,14 @@ _INT64_MAX = 2**63 - 1
 
 
 _NAMES = {dt: name for name, dt in DTYPES.items()}
+_TF_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+"""TF's names of the dtypes whose names differ from NumPy's (in TF's messages)."""
+_NO_CPU_KERNEL = {("FusedBatchNormV3", "U"): ("bfloat16",)}
+"""Dtypes TF's op definition allows that TF 2.21 has no CPU kernel for (NotFoundError)."""
+
+
+def tf_dtype_name(name: str) -> str:
+    return _TF_NAMES.get(name, name)
 
 
 def dtype_name(dt: np.dtype) -> str:
@@ -129,9 +139,18 @@ def bind_inputs(op: OpDef, values: dict[str, Any]) -> tuple[dict[str, np.ndarray
         name = dtype_name(arr.dtype)
         ta = op.type_attr(inp.type_attr)
         if name not in ta.allowed:
-            raise TypeError(
-                f"{op.name}: input '{inp.name}' has dtype {name}, expected one of "
-                f"{', '.join(ta.allowed)}"
+            if name in _NO_CPU_KERNEL.get((op.name, ta.name), ()):
+                attrs = ", ".join(f"{k}=DT_{tf_dtype_name(v).upper()}"
+                                  for k, v in {**types, ta.name: name}.items())
+                raise NotFoundError(
+                    f"{op.name}: Could not find device for node: {{{{node {op.name}}}}} = "
+                    f"{op.name}[{attrs}] (TF's op definition allows {ta.name}={name}, but TF "
+                    f"2.21 has no CPU kernel for it: {ta.name} must be one of "
+                    f"{', '.join(ta.allowed)}; input '{inp.name}')")
+            raise InvalidDtypeError(
+                f"{op.name}: Value for attr '{ta.name}' of {tf_dtype_name(name)} is not in "
+                f"the list of allowed values: {', '.join(map(tf_dtype_name, ta.allowed))} "
+                f"(input '{inp.name}' has dtype {name}, expected one of {', '.join(ta.allowed)})"
             )
         prev = types.setdefault(inp.type_attr, name)
         if prev != name:
@@ -158,9 +177,14 @@ def bind_inputs(op: OpDef, values: dict[str, Any]) -> tuple[dict[str, np.ndarray
 
 
 def _attr_error(op: OpDef, a: Attr, expected: str, value: Any) -> TypeError:
-    return TypeError(
-        f"{op.name}: attr '{a.name}' must be {expected}, got {type(value).__name__} {value!r}"
-    )
+    # TF's Python binding's words, then what tfgrad wants
+    kind = a.type[5:-1] if a.type.startswith("list(") else a.type
+    if expected.startswith("a list"):  # (else an element of a list, or a scalar attr)
+        words = f"Expected list for '{a.name}' argument to '{op.snake_name}' Op, not {value!r}."
+    else:
+        words = f"Expected {kind} for argument '{a.name}' not {value!r}."
+    return TypeError(f"{op.name}: {words} (attr '{a.name}' must be {expected}, got "
+                     f"{type(value).__name__})")
 
 
 def _check_scalar(op: OpDef, a: Attr, kind: str, v: Any) -> Any:
@@ -206,21 +230,22 @@ def check_attr(op: OpDef, a: Attr, value: Any) -> Any:
             v = tuple(_check_scalar(op, a, kind, x) for x in value)
         if a.min_length is not None and len(v) < a.min_length:
             raise InvalidArgumentError(
-                f"{op.name}: attr '{a.name}' must have at least {a.min_length} values, got "
-                f"{len(v)}: {list(v)}"
+                f"{op.name}: Length for attr '{a.name}' of {len(v)} must be at least minimum "
+                f"{a.min_length} (got {list(v)})"
             )
         return v
     v = _check_scalar(op, a, a.type, value)
     if a.allowed is not None and v not in a.allowed:
+        quoted = ", ".join(f'"{x}"' for x in a.allowed)
         raise InvalidArgumentError(
-            f"{op.name}: attr '{a.name}' must be one of {', '.join(map(repr, a.allowed))}, "
-            f"got {v!r}"
+            f"{op.name}: Value for attr '{a.name}' of \"{v}\" is not in the list of allowed "
+            f"values: {quoted}"
         )
     if (a.minimum is not None and v < a.minimum) or (a.maximum is not None and v > a.maximum):
         lo = a.minimum if a.minimum is not None else "-inf"
         hi = a.maximum if a.maximum is not None else "inf"
         raise InvalidArgumentError(
-            f"{op.name}: attr '{a.name}' must be between {lo} and {hi}, inclusive, got {v}"
+            f"{op.name}: {a.name} must be between {lo} and {hi}, inclusive, got {v}"
         )
     return v
 
@@ -303,19 +328,39 @@ def check_alloc(op_name: str, what: str, shape: Any, dtype: Any) -> tuple[int, .
         raise InvalidArgumentError(f"{op_name}: {what} would have a negative dimension: "
                                    f"{shape_str(dims)}")
     if n > _INT64_MAX:
-        raise InvalidArgumentError(f"{op_name}: {what} of shape {shape_str(dims)} has more "
-                                   "elements than fit in int64")
+        raise InvalidArgumentError(f"{op_name}: {overflow_words(dims)} ({what} of shape "
+                                   f"{shape_str(dims)} has more elements than fit in int64)")
+    nbytes = n * np.dtype(dtype).itemsize
     # NumPy refuses shapes whose nonzero dimensions overflow, even with a zero among them
     if math.prod(d for d in dims if d) * np.dtype(dtype).itemsize > _INT64_MAX:
+        if n:  # TF tries to allocate it, and fails (ResourceExhausted)
+            raise ResourceLimitError(f"{op_name}: {_oom_words(dims, dtype)} ({what} would "
+                                     f"need {nbytes} bytes, more than fit in int64)")
         raise InvalidArgumentError(f"{op_name}: {what} of shape {shape_str(dims)} would need "
                                    "more bytes than fit in int64")
-    nbytes = n * np.dtype(dtype).itemsize
     if nbytes <= _ALWAYS_ALLOWED and not os.environ.get("TFGRAD_MAX_BYTES"):
         return dims  # (reading /proc/meminfo costs more than a small op)
     limit = memory_limit_bytes()
     if nbytes > limit:
         raise ResourceLimitError(
-            f"{op_name}: {what} of shape {shape_str(dims)} would need {nbytes} bytes, more than "
-            f"the {limit} bytes allowed (available memory, or TFGRAD_MAX_BYTES)"
+            f"{op_name}: {_oom_words(dims, dtype)} ({what} would need {nbytes} bytes, more "
+            f"than the {limit} bytes allowed: available memory, or TFGRAD_MAX_BYTES)"
         )
     return dims
+
+
+def _oom_words(dims: tuple[int, ...], dtype: Any) -> str:
+    """TF's message when an allocation fails (its ResourceExhaustedError)."""
+    name = tf_dtype_name(dtype_name(np.dtype(dtype)))
+    return f"OOM when allocating tensor with shape{shape_str(dims)} and type {name}"
+
+
+def overflow_words(dims: tuple[int, ...]) -> str:
+    """TF's message for a shape whose element count overflows int64 (TensorShape's
+    running product, dimension by dimension)."""
+    n = 1
+    for d in dims:
+        if n * d > _INT64_MAX:
+            return f"Encountered overflow when multiplying {n} with {d}, result: -1"
+        n *= d
+    return "Encountered overflow"

@@ -9,7 +9,9 @@ one ``raw_ops`` call from a random generator; the same case drives
 - the no-mutation and layout tests.
 
 An :class:`ErrorCase` is an input TF's kernel rejects (or that tfgrad rejects on
-purpose): tfgrad must raise ``error`` with a message matching ``match``.
+purpose): tfgrad must raise ``error`` with a message matching ``match``; where TF rejects
+it, TF must raise the class of the same name (``tf_class``) with a message matching
+``match`` too.
 """
 
 from __future__ import annotations
@@ -56,16 +58,45 @@ class ErrorCase:
     name: str
     kwargs: Callable[[], dict[str, Any]]
     error: type[Exception]
+    """The class tfgrad raises: one of ``tfgrad.errors`` (TF's names), or TypeError."""
     match: str
-    """Regular expression that tfgrad's message must match (re.search)."""
+    """Regular expression that tfgrad's message must match (re.search), and TF's too
+    where TF rejects the call (unless ``tf_match``): tfgrad's messages start with TF's
+    words."""
     tf_rejects: bool = True
     """TF 2.21 (Eigen path) rejects the same call; checked live. False where TF accepts
     (or crashes on) input that tfgrad rejects on purpose; the reason goes in ``why``."""
     why: str = ""
+    tf_error: str = ""
+    """The class TF raises, by name, where it is not the one ``error`` stands for (a
+    deliberate difference, explained in ``why``); see :attr:`tf_class`."""
+    tf_match: str | None = None
+    """Regular expression for TF's message where TF's words are not tfgrad's (``why``)."""
 
     @property
     def id(self) -> str:
         return f"{self.op}/{self.name}"
+
+    @property
+    def tf_class(self) -> str:
+        """The name of the class TF 2.21 raises: a ``tf.errors`` class, or a Python
+        built-in (TypeError) raised by TF's binding. By default the TF class that
+        ``error`` stands for: its first base of that name in ``tfgrad.errors``
+        (InvalidDtypeError -> InvalidArgumentError, ResourceLimitError ->
+        ResourceExhaustedError)."""
+        return self.tf_error or tf_class_name(self.error)
+
+
+TF_ERROR_NAMES = ("InvalidArgumentError", "UnimplementedError", "ResourceExhaustedError",
+                  "NotFoundError")
+"""The ``tf.errors`` classes TF 2.21 raises for these ops (``tfgrad.errors`` has them)."""
+
+
+def tf_class_name(cls: type[Exception]) -> str:
+    for c in cls.__mro__:
+        if c.__name__ in TF_ERROR_NAMES:
+            return c.__name__
+    return cls.__name__
 
 
 def _families() -> dict[str, tuple[list[Case], list[ErrorCase]]]:

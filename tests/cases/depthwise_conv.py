@@ -191,7 +191,7 @@ def _x(shape=(1, 4, 5, 2)):  # type: ignore[no-untyped-def]
 
 
 def _err(op: str, name: str, match: str, tf_rejects: bool = True, why: str = "",
-         **over: Any) -> ErrorCase:
+         tf_error: str = "", tf_match: str | None = None, **over: Any) -> ErrorCase:
     def kwargs() -> dict[str, Any]:
         base: dict[str, Any] = {"strides": [1, 1, 1, 1], "padding": "SAME"}
         if op == FWD:
@@ -205,14 +205,22 @@ def _err(op: str, name: str, match: str, tf_rejects: bool = True, why: str = "",
         base.update({k: (v() if callable(v) else v) for k, v in over.items()})
         return base
 
-    return ErrorCase(op, name, kwargs, InvalidArgumentError, match, tf_rejects, why)
+    return ErrorCase(op, name, kwargs, InvalidArgumentError, match, tf_rejects, why,
+                     tf_error, tf_match)
 
 
 def _all_ops(name: str, match: str, **over: Any) -> list[ErrorCase]:
     return [_err(op, name, match, **over) for op in (FWD, BI, BF)]
 
 
+_OVERFLOW = "Encountered overflow when multiplying 4611686014132420609 with 2147483647"
 _IGNORED = "TF's backprop kernels never read dilations (they ignore them silently)"
+# TF's CPU forward refuses every dilation but 1 (UnimplementedError); tfgrad computes
+# dilations > 0, so what is wrong here is what TF's GPU kernel says (InvalidArgument).
+_DILATED = dict(tf_error="UnimplementedError",
+                tf_match="Current kernel implementation does not support dilations",
+                why="TF's CPU forward raises Unimplemented for any dilation; tfgrad "
+                    "computes dilated convolutions and rejects only this one's error")
 ERROR_CASES: list[ErrorCase] = [
     *_all_ops("strides_len3", "strides field must specify 4 dimensions", strides=[1, 1, 1]),
     *_all_ops("stride0", r"Stride must be > 0, but got 0", strides=[1, 0, 0, 1]),
@@ -229,7 +237,7 @@ ERROR_CASES: list[ErrorCase] = [
     *_all_ops("explicit_with_same", "must be empty if the padding attribute is not EXPLICIT",
               explicit_paddings=[0, 0, 1, 1, 1, 1, 0, 0]),
     _err(FWD, "dilation0", "Dilated rates should be larger than 0", dilations=[1, 0, 0, 1],
-         tf_rejects=True),
+         **_DILATED),
     _err(BI, "dilation0", "Dilated rates should be larger than 0", dilations=[1, 0, 0, 1],
          tf_rejects=False, why=_IGNORED),
     _err(BF, "dilation0", "Dilated rates should be larger than 0", dilations=[1, 1, 0, 1],
@@ -239,7 +247,8 @@ ERROR_CASES: list[ErrorCase] = [
          why="TF's forward only checks that every value is 1, whatever the length"),
     _err(BI, "dilations_len3", "dilations field must specify 4 dimensions",
          dilations=[1, 2, 2], tf_rejects=False, why=_IGNORED),
-    _err(FWD, "dilation_batch", "dilations in the batch and depth", dilations=[2, 1, 1, 1]),
+    _err(FWD, "dilation_batch", "dilations in the batch and depth", dilations=[2, 1, 1, 1],
+         **_DILATED),
     _err(BF, "dilation_depth", "dilations in the batch and depth", dilations=[1, 1, 1, 2],
          tf_rejects=False, why=_IGNORED),
     # Forward shapes.
@@ -251,7 +260,7 @@ ERROR_CASES: list[ErrorCase] = [
          r"effective_filter_size: 4, stride: 1\]", input=_x((1, 2, 2, 1)),
          filter=_x((4, 4, 1, 1)), padding="VALID"),
     _err(FWD, "negative_output_dilated", r"would be negative: -2 \[input_size: 4, "
-         r"effective_filter_size: 7", padding="VALID", dilations=[1, 3, 3, 1]),
+         r"effective_filter_size: 7", padding="VALID", dilations=[1, 3, 3, 1], **_DILATED),
     # BackpropInput.
     _err(BI, "input_sizes_rank2", "input_sizes input must be 1-dim, not 2",
          input_sizes=np.array([[1, 4, 5, 2]], np.int32)),
@@ -259,7 +268,7 @@ ERROR_CASES: list[ErrorCase] = [
          input_sizes=np.array([4, 5, 2], np.int32)),
     _err(BI, "input_sizes_negative", "Dimension 1 of input_sizes must be >= 0",
          input_sizes=np.array([1, -4, 5, 2], np.int32)),
-    _err(BI, "input_sizes_overflow", "more elements than fit in int64",
+    _err(BI, "input_sizes_overflow", _OVERFLOW,
          input_sizes=np.array([2**31 - 1, 2**31 - 1, 2**31 - 1, 2], np.int32)),
     _err(BI, "filter_rank3", "filter must be 4-dimensional", filter=_x((3, 3, 2))),
     _err(BI, "out_backprop_rank3", "out_backprop must be 4-dimensional",
@@ -286,7 +295,7 @@ ERROR_CASES: list[ErrorCase] = [
          filter_sizes=np.array([3, 3, 2], np.int32)),
     _err(BF, "filter_sizes_negative", "Dimension 1 of filter_sizes must be >= 0",
          filter_sizes=np.array([3, -3, 2, 1], np.int32)),
-    _err(BF, "filter_sizes_overflow", "more elements than fit in int64",
+    _err(BF, "filter_sizes_overflow", _OVERFLOW,
          filter_sizes=np.array([2**31 - 1, 2**31 - 1, 2**31 - 1, 2], np.int32)),
     _err(BF, "input_rank3", "input must be 4-dimensional", input=_x((4, 5, 2))),
     _err(BF, "out_backprop_rank3", "out_backprop must be 4-dimensional",

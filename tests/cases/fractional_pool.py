@@ -132,6 +132,48 @@ def _avg_grad(name: str, dt: Any, ov: bool, shape=(2, 8, 9, 3), free: bool = Fal
     return Case("FractionalAvgPoolGrad", name, make)
 
 
+def _extra_values(rng: np.random.Generator, seq: np.ndarray, n: int, ov: bool,
+                  empty: bool) -> np.ndarray:
+    """1-4 values to append to ``seq``. Any int64 values where they are never read
+    (AvgGrad); for MaxGrad (``empty``) values whose cells TF leaves empty: each start past
+    its clamped end (its successor at most start - overlapping, or a start >= n)."""
+    k = int(rng.integers(1, 5))
+    if not empty:
+        pool = np.array([-(2**63), -1, 0, n, n + 7, 2**62], _I64)
+        return np.concatenate([rng.choice(pool, k), rng.integers(-50, 50, k)])[
+            rng.permutation(2 * k)[:k]].astype(_I64)
+    out, last = [], int(seq[-1])
+    for i in range(k):
+        if last >= n and rng.random() < 0.5:  # the cell starts past the input: anything
+            big = [-(2**63), 2**62] if i == k - 1 else [2**62]  # (no cell starts at -2**63)
+            v = int(rng.choice([n, n + 3, *big, int(rng.integers(-9, n + 9))]))
+        else:  # at most last - overlapping: the cell's end comes before its start
+            v = last - int(ov) - int(rng.integers(0, 4))
+        out.append(v)
+        last = v
+    return np.array(out, _I64)
+
+
+def _long(case_fn, name: str, dt: Any, ov: bool, **kw: Any) -> Case:
+    """A gradient case whose sequences (one or both) have more values than its cells."""
+    inner = case_fn(name, dt, ov, **kw)
+
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        args = inner.make(rng)
+        n_r, n_c = (args["orig_input"].shape[1:3] if "orig_input" in args
+                    else args["orig_input_tensor_shape"][1:3])
+        which = int(rng.integers(0, 3))  # rows, columns or both
+        for i, (key, n) in enumerate((("row_pooling_sequence", int(n_r)),
+                                      ("col_pooling_sequence", int(n_c)))):
+            if which in (i, 2):
+                seq = args[key]
+                extra = _extra_values(rng, seq, n, ov, empty="orig_input" in args)
+                args[key] = np.concatenate([seq, extra]).astype(_I64)
+        return args
+
+    return Case(inner.op, name, make)
+
+
 def _dt_name(dt: Any) -> str:
     return np.dtype(dt).name
 
@@ -174,6 +216,14 @@ CASES += [
     _avg_grad("int32_out_of_range_ov1", np.int32, True, shape=(1, 5, 5, 2), big=True),
     _avg_grad("int64_out_of_range_ov1", np.int64, True, shape=(1, 5, 5, 2), big=True),
     _avg_grad("wide_channels_ov1", np.float32, True, shape=(1, 6, 5, 70)),
+    # Sequences longer than the cells need: AvgGrad ignores the extra values, MaxGrad
+    # accepts extra cells that TF leaves empty (tfgrad.ops.fractional_pool).
+    _long(_avg_grad, "long_sequences_ov0", np.float32, False, free=True),
+    _long(_avg_grad, "long_sequences_ov1", np.float64, True),
+    _long(_avg_grad, "long_sequences_int32_ov1", np.int32, True, free=True),
+    _long(_max_grad, "long_sequences_ov0", np.float32, False, free=True),
+    _long(_max_grad, "long_sequences_ov1", np.float64, True),
+    _long(_max_grad, "long_sequences_int64_ov0", np.int64, False, ties=True),
 ]
 
 
@@ -182,6 +232,7 @@ CASES += [
 # --------------------------------------------------------------------------------------
 _F = np.float32
 _NOT_TF = "TF 2.21 accepts this call"
+_NOT_HALF = "Value for attr 'T' of half is not in the list of allowed values: float, double"
 
 
 def _fp(op: str, **over: Any):
@@ -228,7 +279,8 @@ def _mpg(**over: Any):
 
 
 def _errors() -> list[ErrorCase]:
-    from tfgrad import InvalidArgumentError as E
+    from tfgrad.errors import InvalidArgumentError as E
+    from tfgrad.errors import InvalidDtypeError, ResourceLimitError, UnimplementedError
 
     out: list[ErrorCase] = []
     for op in ("FractionalMaxPool", "FractionalAvgPool"):
@@ -237,7 +289,7 @@ def _errors() -> list[ErrorCase]:
             ErrorCase(op, "rank3", _fp(op, value=np.ones((5, 7, 2), _F)), E,
                       "tensor_in must be 4-dimensional"),
             ErrorCase(op, "ratio_len3", _fp(op, pooling_ratio=[1.0, 1.5, 1.5]), E,
-                      "at least 4 values"),
+                      "Length for attr 'pooling_ratio' of 3 must be at least minimum 4"),
             ErrorCase(op, "ratio_len5", _fp(op, pooling_ratio=[1.0, 1.5, 1.5, 1.0, 1.0]), E,
                       "must specify 4 dimensions"),
             ErrorCase(op, "ratio_below_1", _fp(op, pooling_ratio=[1.0, 0.5, 1.5, 1.0]), E,
@@ -245,13 +297,16 @@ def _errors() -> list[ErrorCase]:
             ErrorCase(op, "ratio_nan", _fp(op, pooling_ratio=[1.0, float("nan"), 1.5, 1.0]),
                       E, "cannot be smaller than 1, got: nan"),
             ErrorCase(op, "ratio_inf", _fp(op, pooling_ratio=[1.0, 1.5, float("inf"), 1.0]),
-                      E, "must be finite"),
+                      E, "higher than input dimension size for dimension 2. Input dim size: 7 "
+                      "pooling ratio: inf"),
             ErrorCase(op, "ratio_batch", _fp(op, value=np.ones((4, 5, 7, 1), _F),
-                                             pooling_ratio=[2.0, 1.5, 1.5, 1.0]), E,
+                                             pooling_ratio=[2.0, 1.5, 1.5, 1.0]),
+                      UnimplementedError,
                       f"Fractional {kind} pooling is not yet supported on the batch nor "
                       "channel"),
             ErrorCase(op, "ratio_channel", _fp(op, value=np.ones((1, 5, 7, 4), _F),
-                                               pooling_ratio=[1.0, 1.5, 1.5, 2.0]), E,
+                                               pooling_ratio=[1.0, 1.5, 1.5, 2.0]),
+                      UnimplementedError,
                       "not yet supported on the batch nor channel"),
             ErrorCase(op, "nondeterministic_seed", _fp(op, deterministic=False, seed2=0), E,
                       "Both seed and seed2 should be 0 if deterministic is false"),
@@ -265,21 +320,21 @@ def _errors() -> list[ErrorCase]:
             ErrorCase(op, "zero_channels", _fp(op, value=np.ones((1, 5, 7, 0), _F)), E,
                       "for dimension 3"),
             ErrorCase(op, "float16", _fp(op, value=np.ones((1, 5, 7, 1), np.float16)),
-                      TypeError, "float16"),
+                      InvalidDtypeError, _NOT_HALF),
         ]
 
     op = "FractionalAvgPoolGrad"
     seq = "row_pooling_sequence"
     out += [
         ErrorCase(op, "shape_len3", _apg(orig_input_tensor_shape=np.array([1, 3, 3], _I64)),
-                  E, "must be 1-dimensional and 4 elements"),
+                  E, "original input tensor shape must be1-dimensional and 4 elements"),
         ErrorCase(op, "shape_rank2",
                   _apg(orig_input_tensor_shape=np.array([[1, 3], [3, 1]], _I64)), E,
-                  "must be 1-dimensional and 4 elements"),
+                  "original input tensor shape must be1-dimensional and 4 elements"),
         ErrorCase(op, "out_backprop_rank3", _apg(out_backprop=np.ones((1, 2, 2), _F)), E,
                   "out_backprop must be 4-dimensional"),
         ErrorCase(op, "out_backprop_empty", _apg(out_backprop=np.ones((0, 2, 2, 1), _F)), E,
-                  "out_backprop must be positive for all dimension"),
+                  "out_backprop must be positive for all dimension, got:0"),
         ErrorCase(op, "batch_0", _apg(orig_input_tensor_shape=np.array([0, 3, 3, 1], _I64)),
                   E, "Batch dimension of input must not be 0"),
         ErrorCase(op, "rows_0", _apg(orig_input_tensor_shape=np.array([1, 0, 3, 1], _I64)),
@@ -293,26 +348,28 @@ def _errors() -> list[ErrorCase]:
                   "Expected a non-negative size, got -3"),
         ErrorCase(op, "shape_overflow",
                   _apg(orig_input_tensor_shape=np.array([2**40, 2**40, 2**40, 1], _I64)), E,
-                  "more elements than fit in int64"),
+                  "Encountered overflow when multiplying 1099511627776 with 1099511627776"),
+        # TF tries to allocate a float64 temp of 2**65 bytes; tfgrad refuses its output
         ErrorCase(op, "shape_too_big",
-                  _apg(orig_input_tensor_shape=np.array([1, 2**31, 2**31, 1], _I64)), E,
-                  "bytes", tf_rejects=False,
-                  why="TF would try to allocate 2**65 bytes of float64 temp (ResourceExhausted "
-                      "or an OOM kill); tfgrad refuses before allocating"),
+                  _apg(orig_input_tensor_shape=np.array([1, 2**31, 2**31, 1], _I64)),
+                  ResourceLimitError,
+                  r"OOM when allocating tensor with shape\[1,2147483648,2147483648,1\] and "
+                  "type"),
         ErrorCase(op, "row_seq_short", _apg(row_pooling_sequence=np.array([0, 3], _I64)), E,
-                  f"{seq} must have 3 elements"),
+                  r"Given out_backprop shape \[1,2,2,1\], row_seq_tensor must have at least 3 "
+                  "elements, but got 2"),
         ErrorCase(op, "col_seq_short", _apg(col_pooling_sequence=np.array([0, 3], _I64)), E,
-                  "col_pooling_sequence must have 3 elements"),
+                  "col_seq_tensor must have at least 3 elements, but got 2"),
         ErrorCase(op, "row_seq_negative",
                   _apg(row_pooling_sequence=np.array([-1, 1, 3], _I64)), E,
-                  f"{seq} values must lie in"),
+                  "Row sequence tensor values must not be negative, got -1  1  3"),
         ErrorCase(op, "col_seq_negative",
                   _apg(col_pooling_sequence=np.array([0, -2, 3], _I64)), E,
-                  "col_pooling_sequence values must lie in"),
-        ErrorCase(op, "row_seq_long", _apg(row_pooling_sequence=np.array([0, 1, 2, 3], _I64)),
-                  E, f"{seq} must have 3 elements", tf_rejects=False,
-                  why=f"{_NOT_TF} and ignores the extra values; the forward op always returns "
-                      "out_rows + 1 values"),
+                  "Column sequence tensor values must not be negative, got  0 -2  3"),
+        # extra values are never read (so never checked), the first 3 are
+        ErrorCase(op, "row_seq_long_negative",
+                  _apg(row_pooling_sequence=np.array([0, -1, 3, 3], _I64)), E,
+                  "Row sequence tensor values must not be negative, got  0 -1  3  3"),
         ErrorCase(op, "row_seq_beyond_input",
                   _apg(row_pooling_sequence=np.array([0, 1, 5], _I64)), E,
                   f"{seq} values must lie in", tf_rejects=False,
@@ -322,11 +379,15 @@ def _errors() -> list[ErrorCase]:
                   _apg(row_pooling_sequence=np.array([2, 1, 3], _I64)), E,
                   f"{seq} must be strictly increasing", tf_rejects=False,
                   why=f"{_NOT_TF} and silently drops the gradient of the empty cell"),
+        # with overlapping=False cell 0 ends at -1: TF's sign check
         ErrorCase(op, "col_seq_repeated",
                   _apg(col_pooling_sequence=np.array([0, 0, 3], _I64)), E,
+                  "Column sequence tensor values must not be negative, got 0 0 3"),
+        ErrorCase(op, "col_seq_repeated_ov1",
+                  _apg(col_pooling_sequence=np.array([0, 0, 3], _I64), overlapping=True), E,
                   "col_pooling_sequence must be strictly increasing", tf_rejects=False,
-                  why=f"{_NOT_TF}; with overlapping=False the cell is empty and its "
-                      "gradient is dropped"),
+                  why=f"{_NOT_TF}; with overlapping=True cell 0 is [0, 0], a cell the forward "
+                      "op never makes"),
         ErrorCase(op, "row_seq_rank2",
                   _apg(row_pooling_sequence=np.array([[0, 1, 3]], _I64)), E,
                   f"{seq} must be a vector", tf_rejects=False,
@@ -335,14 +396,16 @@ def _errors() -> list[ErrorCase]:
                   _apg(orig_input_tensor_shape=np.array([2, 3, 3, 1], _I64)), E,
                   "must have the batch and depth", tf_rejects=False,
                   why=f"{_NOT_TF} and leaves the other batch entries zero; a larger "
-                      "out_backprop batch writes past TF's buffer"),
+                      "out_backprop batch writes past TF's buffer (heap corruption: "
+                      "tests/test_fractional_pool.py shows TF 2.21 dying of it)"),
         ErrorCase(op, "depth_mismatch",
                   _apg(out_backprop=np.ones((1, 2, 2, 2), _F)), E,
                   "must have the batch and depth", tf_rejects=False,
                   why="TF does not check depth: a deeper out_backprop writes past its "
-                      "float64 buffer (heap corruption)"),
+                      "float64 buffer (heap corruption: tests/test_fractional_pool.py shows "
+                      "TF 2.21 dying of it)"),
         ErrorCase(op, "float16", _apg(out_backprop=np.ones((1, 2, 2, 1), np.float16)),
-                  TypeError, "float16"),
+                  InvalidDtypeError, _NOT_HALF),
     ]
 
     op = "FractionalMaxPoolGrad"
@@ -379,24 +442,40 @@ def _errors() -> list[ErrorCase]:
                        row_pooling_sequence=np.array([0, 2], _I64),
                        col_pooling_sequence=np.array([0, 2], _I64)), E,
                   "tensor_out_dup is not the same as tensor_out"),
+        # TF checks neither the length nor the order: the cells it does not walk, or
+        # walks empty, keep its initial values, which fail its later checks
         ErrorCase(op, "row_seq_short",
                   _mpg(orig_output=np.full((1, 2, 1, 1), 5, _F),
                        out_backprop=np.ones((1, 2, 1, 1), _F)), E,
-                  "row_pooling_sequence must have 3 elements"),
+                  r"Given orig_output shape \[1,2,1,1\], row_pooling_sequence must have at "
+                  "least 3 elements, but got 2", tf_match=_DUP,
+                  why="TF does not check the length: the cell it does not walk fails its "
+                      "tensor_out_dup check"),
         ErrorCase(op, "row_seq_decreasing",
                   _mpg(orig_output=np.array([low, 5], _F).reshape(1, 2, 1, 1),
                        out_backprop=np.ones((1, 2, 1, 1), _F),
                        row_pooling_sequence=np.array([2, 1, 3], _I64)), E,
-                  "row_pooling_sequence must be strictly increasing"),
+                  "row_pooling_sequence must be strictly increasing",
+                  tf_match="Invalid input backprop index: -1",
+                  why="TF does not check the order: the empty cell keeps its invalid argmax"),
         ErrorCase(op, "row_seq_long",
                   _mpg(row_pooling_sequence=np.array([0, 1, 3], _I64)), E,
-                  "row_pooling_sequence must have 2 elements", tf_rejects=False,
-                  why="TF walks every cell of the sequence and writes past its "
-                      "orig_output-sized buffers for the extra ones"),
+                  "row_pooling_sequence has 3 values for the 1 pooling cells of orig_output; "
+                  "its extra cells must be empty", tf_rejects=False,
+                  why="TF pools every cell of the sequence, writing the extra ones past its "
+                      "orig_output-sized buffers (tests/test_fractional_pool.py)"),
+        ErrorCase(op, "col_seq_long",  # extra cell 1 is empty, cell 2 is not
+                  _mpg(col_pooling_sequence=np.array([0, 3, 1, 3], _I64)), E,
+                  r"col_pooling_sequence has 4 values for the 1 pooling cells of orig_output; "
+                  r"its extra cells must be empty .* but cell 2 spans \[1, 2\]",
+                  tf_rejects=False,
+                  why="TF pools the extra cell [1, 2] too, writing past its "
+                      "orig_output-sized buffers"),
         ErrorCase(op, "row_seq_negative",
                   _mpg(row_pooling_sequence=np.array([-1, 3], _I64)), E,
                   "row_pooling_sequence values must lie in", tf_rejects=False,
-                  why="TF does not check: negative values read before orig_input"),
+                  why="TF does not check: it reads before orig_input (a value of -2**63 "
+                      "segfaults it: tests/test_fractional_pool.py)"),
         ErrorCase(op, "col_seq_beyond_input",
                   _mpg(col_pooling_sequence=np.array([0, 9], _I64)), E,
                   "col_pooling_sequence values must lie in", tf_rejects=False,
@@ -404,8 +483,8 @@ def _errors() -> list[ErrorCase]:
         ErrorCase(op, "out_backprop_larger",
                   _mpg(out_backprop=np.ones((1, 2, 2, 1), _F)), E,
                   "out_backprop must have the shape of orig_output", tf_rejects=False,
-                  why="TF reads past its argmax buffer (uninitialised memory; garbage or "
-                      "'Invalid input backprop index')"),
+                  why="TF reads past its argmax buffer (uninitialised memory: garbage, or "
+                      "'Invalid input backprop index' with a garbage index)"),
         ErrorCase(op, "out_backprop_smaller",
                   _mpg(orig_output=np.full((1, 1, 2, 1), 5, _F),
                        col_pooling_sequence=np.array([0, 1, 3], _I64),
@@ -415,13 +494,13 @@ def _errors() -> list[ErrorCase]:
         ErrorCase(op, "depth_mismatch",
                   _mpg(orig_input=np.ones((1, 3, 3, 2), _F)), E,
                   "must have the batch and depth", tf_rejects=False,
-                  why="TF replays orig_input's depth into an orig_output-sized buffer "
-                      "(out-of-bounds write)"),
+                  why="TF replays orig_input's depth into an orig_output-sized buffer, "
+                      "writing past its end (here it then fails its tensor_out_dup check)"),
         ErrorCase(op, "batch_mismatch",
                   _mpg(orig_input=np.ones((2, 3, 3, 1), _F)), E,
                   "must have the batch and depth", tf_rejects=False,
-                  why="TF replays orig_input's batch into an orig_output-sized buffer "
-                      "(out-of-bounds write)"),
+                  why="TF replays orig_input's batch into an orig_output-sized buffer, "
+                      "writing past its end (here it then fails its tensor_out_dup check)"),
         ErrorCase(op, "dtype_mismatch", _mpg(out_backprop=np.ones((1, 1, 1, 1), np.float64)),
                   TypeError, "dtype", tf_rejects=False,
                   why="TF's eager binding converts a float64 NumPy out_backprop to float32; "
@@ -430,4 +509,5 @@ def _errors() -> list[ErrorCase]:
     return out
 
 
+_DUP = "tensor_out_dup is not the same as tensor_out"
 ERROR_CASES: list[ErrorCase] = _errors()

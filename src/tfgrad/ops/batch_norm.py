@@ -1,106 +1,12 @@
 """Fused batch normalization: FusedBatchNorm{,V2,V3} and FusedBatchNormGrad{,V2,V3}.
 
-Everything is computed as TF 2.21's Eigen CPU kernels (``TF_ENABLE_ONEDNN_OPTS=0``) compute
-it, bit for bit, in float32 (float16 / bfloat16 x and y_backprop are cast up exactly; y and
-x_backprop are rounded to T, nearest-even, at the end). x is viewed as ``X[R, C]``, channel
-last, rows in NHWC order (NCHW is transposed first, 5-D inputs are reshaped to
-``(N, D, H*W, C)`` as TF does). ``f32(...)`` below means every operation rounds to float32.
-
-Forward, is_training=True:
-
-- ``mean = colsum(X) * f32(1/R)`` (a multiplication by the float32 reciprocal, not a
-  division), ``var = colsum((X - mean)**2) * f32(1/R)`` (two-pass, biased).
-- ``colsum`` is Eigen's column reduction: channels ``c < 8*(C//8)`` (full AVX packets) of an
-  input with ``R >= 16`` rows use four interleaved accumulators over rows ``j = k mod 4``,
-  combined ``((a0+a1)+a2)+a3``, then the leftover rows in sequence; the other channels sum
-  their rows in sequence. No part depends on TF's thread count.
-- ``y = (X - mean) * (rsqrt(var + eps) * scale) + offset``. ``rsqrt`` is Eigen's: for the
-  channels in full packets of 8 it is the processor's approximate ``vrsqrtps`` refined by
-  one Newton step ``(-0.5*y0)*((a*y0)*y0 - 1) + y0`` (no FMA; ``y0`` where that is NaN);
-  the tail channels use the exact ``1/sqrt``. tfgrad emits the same instruction (Numba
-  intrinsic ``llvm.x86.sse.rsqrt.ps``); on a processor without it (non-x86) it falls back
-  to the exact ``1/sqrt`` and is then only within a few ulps of TF on x86. The
-  instruction's result is implementation-defined, so TF's own bits depend on the
-  processor's maker: on an Intel Xeon y differed from an AMD EPYC's by up to 8 ulps
-  (the fixtures were recorded on AMD; tests/fixture_store.py ``rsqrt_signature``).
-- ``batch_mean = mean``, ``batch_variance = var * f32(R / max(R-1, 1))`` (Bessel's correction
-  only here; y uses the biased variance; ``R = 1`` gives factor 1). With
-  ``exponential_avg_factor = f != 1``: ``batch_mean = (1-f)*mean_in + f*mean`` and
-  ``batch_variance = (1-f)*var_in + (f*adj)*var``; mean/variance inputs are ignored (any
-  1-D size, even empty) when f == 1 and must have C elements otherwise. f = 0 returns the
-  inputs; no range check on f or epsilon (a negative epsilon is used as given).
-- ``reserve_space_1 = mean``, ``reserve_space_2 = var`` (biased), V3's ``reserve_space_3``
-  a float32 scalar 0 (shape ``[]``, as TF's Eigen kernel; oneDNN gives shape [0]).
-
-Forward, is_training=False: ``y = (X - mean_in) * (rsqrt(var_in + eps) * scale) + offset``,
-``batch_mean``/``batch_variance`` are copies of the inputs (exponential_avg_factor is
-ignored). TF leaves reserve_space_1/2 **uninitialised** here; tfgrad returns copies of
-mean/variance (what TF's oneDNN kernel returns).
-
-Gradient, is_training=True (reserve_space_1/2 = the forward's mean and biased variance,
-used as given): with ``c0 = rsqrt(var + eps)``, ``xc = X - mean``,
-``scale_backprop = colsum_seq(dy * (xc * c0))``, ``offset_backprop = colsum_seq(dy)``,
-``m = colsum_seq(dy * xc) / f32(R)`` (a division here),
-``dx = (scale*c0) * ((dy - offset_backprop*f32(1/R)) - xc * ((c0*c0)*m))``.
-Here Eigen evaluates ``rsqrt`` lazily inside the [R, C] expressions, in tiles of at most
-10322 channels (the scale_backprop product) and 4050 channels (x_backprop), measured on TF
-2.21 and the same for all dtypes: the packet rule applies per tile (full packets of 8 from
-the tile's first channel), so for C > 4050 some channels in the middle use the exact
-``1/sqrt``. tfgrad reproduces the tiles.
-
-Gradient, is_training=False: ``s = rsqrt(var + eps)`` (plain channel rule),
-``dx = dy * (s*scale)``, ``scale_backprop = colsum_seq(dy * (X - mean)) * s``,
-``offset_backprop = colsum_seq(dy)``.
-
-``colsum_seq`` is TF's ``ReduceOuterDimensions`` (redux_functor.h): with one row (R = 1)
-the row itself (a -0 stays -0); otherwise rows added in sequence from 0 when TF runs it on
-one intra-op thread, or with C > 32*T on T threads (TF then splits the columns). With
-``C <= 32*T`` TF makes ``nb = min(R, ceil(R*C / ceil(2000/C)), T)`` blocks of
-``ceil(R/nb)`` rows (the last ones may be empty), each with a zeroed partial-sum buffer,
-and Eigen's ``parallelFor`` runs them in calls of ``k`` consecutive blocks: a call sums all
-its rows in sequence into its first block's buffer (the others stay +0); then the nb
-buffers are added in order. ``k = nb`` (one call: each column in sequence) while Eigen's
-cost model wants one thread (about R*C < 124k float32 values); otherwise ``k = 1`` on up
-to 10 threads, while from 11 threads cheap blocks are grouped, ``k`` about
-``40000 / (block cost)`` (e.g. R = 20000, C = 8: 16 blocks of 1250 rows in calls of 2 on
-16 threads, 64 blocks of 313 rows in calls of 9 on 64). ``redux_blocks`` derives nb, the
-rows and k from TF's and Eigen's formulas for any T. tfgrad reproduces the order of TF's
-default thread count on this machine (the CPUs the process may use, or
-``TF_NUM_INTRAOP_THREADS``); ``TFGRAD_TF_INTRA_OP_THREADS=T`` selects TF's T-thread order
-(tests pin T = 1, 2, 3, 16 and 64 against TF).
-The forward's sums never depend on the thread count.
-
-Denormals: TF runs these kernels with FTZ and DAZ set (``tfgrad._fpenv``): a denormal
-input reads as 0 and a denormal result becomes a zero of its sign, so a sum can end at
--0 (``(-1.97e-38 + 8.76e-38) - 6.80e-38`` is -1.6e-40, flushed). Which sign survives is
-TF's order: Eigen's column sum (forward) and each ReduceOuterDimensions call start
-from +0 and keep a -0 total; the buffers are added to the first, so -0 stays, except
-where TF adds an untouched buffer (+0) after it: the blocks after the first of a call,
-or blocks past the last row. That turns a -0 total so far into +0 (``redux_plan``; on 2
-threads, e.g. C = 32 with a few rows, where all blocks run in one call).
-
-Empty inputs: with ``R*C == 0`` the forward returns an empty y and NaN batch_mean /
-batch_variance (as TF, even at inference); reserve_space_1/2, uninitialised in TF, are zeros
-(as oneDNN). The gradient returns an empty x_backprop and zero scale/offset backprops.
-Grad's reserve_space_3/4 (GradV3: 4/5) have shape [0] (TF's Eigen kernel). For an empty
-5-D x, TF's gradient returns x_backprop in its 4-D working shape (NDHWC [N, D, H*W, C]:
-it returns before restoring the 5-D shape); tfgrad keeps x's shape, as for every other
-input (a deliberate difference, pinned by a test).
-
-NaN signs in bfloat16 outputs: TF's vectorised cast of y / x_backprop from float32 to
-bfloat16 turns every NaN in a whole packet of 8 into +NaN (0x7fc0), while the packet
-tail (and large tensors' per-block tails) keep the sign; tfgrad's cast keeps it
-everywhere, so an invalid operation's NaN (-NaN on x86, e.g. from a negative
-variance + epsilon) comes out as 0xffc0 where TF has 0x7fc0. Only NaN signs differ.
-
-Beyond TF's CPU kernel: FusedBatchNormGrad* with is_training=False and NCHW (or NCDHW),
-which TF's Eigen kernel rejects ("only support NHWC tensor format"), is computed as TF's
-GPU and oneDNN kernels compute it: the NHWC computation, transposed. V1/V2 accept 5-D x as
-TF's Eigen kernel does (data_format NHWC/NCHW then means NDHWC/NCDHW). "NDHWC"/"NCDHW"
-(V3) are the same layouts as "NHWC"/"NCHW" and work for 4-D x too, as in TF.
-
-Validation follows TF's order and messages (prefixed by the op name). Half-precision x
-(float16/bfloat16) is converted to a float32 working copy (Numba has no such types).
+Computed as TF 2.21's Eigen CPU kernels (``TF_ENABLE_ONEDNN_OPTS=0``) compute it, bit for
+bit, in float32 (float16 / bfloat16 cast up exactly, outputs rounded to T at the end):
+Eigen's column-sum orders, its approximate ``rsqrt`` for channels in full packets of 8, and
+TF's thread-dependent split of the gradient sums. This module holds the ops' checks and the
+NumPy reference (the spec); the fused kernels are in ``tfgrad.kernels.batch_norm``. The TF
+behaviours reproduced, the differences from TF and the tests that pin them:
+docs/batch_norm.md.
 """
 
 from __future__ import annotations
@@ -339,10 +245,11 @@ def reference_grad_infer(dy: np.ndarray, X: np.ndarray, scale: np.ndarray, mean:
 # --------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------
-def _check_rank1(op: str, what: str, a: np.ndarray) -> None:
+def _check_rank1(op: str, what: str, a: np.ndarray, name: str = "") -> None:
     if a.ndim != 1:
+        of = f"{name} of " if name else ""
         raise InvalidArgumentError(
-            f"{op}: {what} must be 1-dimensional, got shape {shape_str(a.shape)}")
+            f"{op}: {what} must be 1-dimensional, got {of}shape {shape_str(a.shape)}")
 
 
 def _check_x(op: str, what: str, x: np.ndarray) -> None:
@@ -463,8 +370,8 @@ def _check_grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarra
     _check_x(op, "y_backprop", y_backprop)
     _check_x(op, "x", x)
     _check_rank1(op, "scale", scale)
-    _check_rank1(op, "saved mean (reserve_space_1)", reserve_space_1)
-    _check_rank1(op, "saved variance (reserve_space_2)", reserve_space_2)
+    _check_rank1(op, "saved mean", reserve_space_1, "reserve_space_1")
+    _check_rank1(op, "saved variance", reserve_space_2, "reserve_space_2")
     if x.shape != y_backprop.shape:
         raise InvalidArgumentError(
             f"{op}: x and y_backprop must have same shape, but x has shape "

@@ -1,80 +1,12 @@
 """Depthwise 2-D convolution: DepthwiseConv2dNative and its input and filter gradients.
 
 Output channel ``k * M + q`` (M the channel multiplier) is input channel ``k`` convolved
-with ``filter[:, :, k, q]``. Everything is computed as TF 2.21's Eigen CPU kernels
-(``TF_ENABLE_ONEDNN_OPTS=0``) compute it, bit for bit:
-
-- Output size and padding as ``GetWindowedOutputSizeVerbose``, with the effective filter
-  size ``(f - 1) * d + 1``: VALID ``(n - fe + s) / s`` and EXPLICIT ``(n + pb + pa - fe + s)
-  / s`` with C++ division (truncating toward zero, so ``n=1, f=4, s=2`` VALID is an empty
-  output, not an error); SAME ``ceil(n / s)`` with ``pad_before = need / 2`` (the odd extra
-  pad goes after: bottom / right).
-- Forward, per output element: ``acc = 0``, then for each filter tap in row-major order
-  ``acc = acc + x * w``. float32 / float64 multiply and then add, each rounded (no FMA);
-  float16 / bfloat16 compute ``x * w + acc`` in float32 and round to T after every tap
-  (double rounding: ``[2048, 1, 1, 1] * ones(4)`` in float16 gives 2048, not 2052). Taps
-  that fall in the padding multiply the filter by 0 (an inf or NaN filter tap over the
-  padding gives NaN).
-- BackpropInput, per input pixel and lane ``(k, q)``: the same per-tap accumulation over
-  the filter taps in row-major order, pairing ``w`` with the out_backprop value that tap
-  reached (0 where none did), then a reduction over ``q``: sequential ``0 + v0 + v1 + ...``
-  in blocks of the SIMD packet (8 lanes for float32 / float16 / bfloat16, 4 for float64)
-  folded as AVX's horizontal sum (``((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))``;
-  ``(l0+l2)+(l1+l3)`` for float64; in float32 and rounded to T for the half types), then
-  the remaining lanes one by one. M = 1 skips the reduction.
-- BackpropFilter: for each image a buffer per (tap, lane) accumulates ``g * x_tap`` over
-  the output positions in row-major order (padding taps add ``g * 0``); the per-image
-  buffers are then added in batch order, ``0 + b0 + b1 + ...`` (rounded to T for the
-  half types). No step depends on the thread count.
-- Denormals flush to zero, as TF runs its kernels with FTZ and DAZ set (``_fpenv``):
-  ``[1e-20] * [1e-20]`` gives 0 in float32, and a 1e-39 input reads as 0.
-- A sum can therefore be -0 (a float32 sum that flushed, or a half-type sum that
-  underflowed), and the ``w * 0`` of a tap that reaches no out_backprop value then
-  decides its sign: TF adds it, and ``w >= 0`` turns the -0 into +0 (pinned by
-  ``test_backprop_input_flushed_minus_zero_turns_plus_at_a_missed_tap``). The fast
-  float32 / float64 BackpropInput kernels skip those taps, which can only leave a -0
-  where TF has +0, never the reverse; they mark the rows where they wrote a -0, and
-  those elements are recomputed with every tap.
-
-Beyond TF's CPU kernel (see the op notes): ``data_format='NCHW'`` and ``dilations > 1``
-are computed as the convolution they define, for all three ops, and the backprops are
-the exact adjoints of the forward (tests pin ``<BI(g), x> == <g, fwd(x)> == <BF(x, g),
-w>`` in float64 over the whole attr space). TF 2.21's Eigen kernel rejects them in the
-forward op (Unimplemented); its two backprop ops silently *ignore* ``dilations`` and
-return the dilation-1 gradient (a long-standing TF bug), and so do the default build's
-oneDNN backprops (tools/depthwise_conv_onednn.py shows it); only the oneDNN forward
-computes dilations. tfgrad returns the true gradient.
-
-Which bits: NCHW gives the bits of the NHWC computation (transposed). A dilated
-convolution gives the bits of TF's kernel run with the filter dilated explicitly (zeros
-inserted between the taps; for BackpropFilter, the zero-inserted filter's gradient at the
-real taps), zero signs included: an inserted tap adds ``x * 0`` (``g * 0``), which
-changes nothing unless the sum is -0 (see above), where it makes +0 if the value it
-meets is finite without a sign bit (the padding's 0 included). The kernels skip the
-inserted taps and redo the elements that came out -0; the redo and the NumPy reference
-take the real taps one by one and decide each gap of inserted taps between two of them
-at once (``gap_turns_plus``: a gap that reaches the padding turns a -0 into +0, one
-inside the input is scanned), so that no path walks a huge dilation's inserted taps
-(the redo took ~8 ns per unit of dilation: over a minute at 10**10, hours at 10**12).
-Only an inf or NaN input under an inserted zero differs: TF's zero-inserted filter would
-compute ``inf * 0 = NaN`` there, while the dilated convolution has no such tap (tfgrad
-adds nothing for it). Padding taps of real filter taps are still computed as ``0 * w``,
-as TF.
-
-Strides must be equal along H and W and 1 along N and C, as TF requires; dilations must
-have 4 values, be >= 1, and be 1 along N and C (TF's forward accepts a dilations list of
-any length when it is all ones, and the backprops accept anything, since they never read
-it; tfgrad requires 4 positive values everywhere).
-
-Validation: ranks, depths, sizes (negative, or a product beyond int64), strides,
-dilations, explicit paddings and an out_backprop shape that does not match what the
-sizes and attrs imply raise InvalidArgumentError with TF's messages (prefixed by the op
-name, with the values). So does an effective filter size ``(f - 1) * d + 1`` beyond
-int64, where TF's window arithmetic overflows (and TF 2.21's default build aborts the
-whole process on any dilation of 2**31 or more: its oneDNN layout pass reads dilations
-as int32). Zero-size outputs are empty arrays. Where TF returns
-uninitialised memory tfgrad returns the empty sum, zeros: BackpropFilter with batch 0 or
-with an empty out_backprop (a zero-size output), BackpropInput with channel multiplier 0.
+with ``filter[:, :, k, q]``, computed as TF 2.21's Eigen CPU kernels
+(``TF_ENABLE_ONEDNN_OPTS=0``) compute it, bit for bit, zero signs included; NCHW and
+dilations, which TF's CPU kernels reject or ignore, are computed as the convolution they
+define. This module holds the ops' checks and the NumPy reference (the spec); the kernels
+are in ``tfgrad.kernels.depthwise_conv``. The TF behaviours reproduced, the differences
+from TF and the tests that pin them: docs/depthwise_conv.md.
 """
 
 from __future__ import annotations
@@ -88,7 +20,7 @@ import numpy as np
 from .. import _config
 from .._errors import InvalidArgumentError
 from .._fpenv import flush_denormals
-from .._validate import check_alloc, check_float32_copies, shape_str
+from .._validate import check_alloc, check_float32_copies, overflow_words, shape_str
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -243,7 +175,8 @@ def _sizes(op: str, arg: str, sizes: np.ndarray, prefix: str) -> tuple[int, ...]
                 f"{op}: Dimension {i} of {arg} must be >= 0, got {shape_str(vals)}")
     if math.prod(vals) > 2**63 - 1:
         raise InvalidArgumentError(
-            f"{op}: {arg} {shape_str(vals)} has more elements than fit in int64")
+            f"{op}: {overflow_words(vals)} ({arg} {shape_str(vals)} has more elements than "
+            "fit in int64)")
     return vals
 
 

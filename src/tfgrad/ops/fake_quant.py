@@ -1,88 +1,11 @@
 """Fake quantization: FakeQuantWithMinMax{Args,Vars,VarsPerChannel} and their gradients.
 
-Bit-exact with TensorFlow 2.21's CPU kernels (``fake_quant_ops_functor.h``). All
-arithmetic is float32, one rounding per operation, as TF's Eigen expressions compute it.
-
-The computation
----------------
-``qmin = narrow_range ? 1 : 0``, ``qmax = 2**num_bits - 1``. The range is *nudged* so
-that 0.0 falls on the grid (per channel for PerChannel)::
-
-    scale = (max - min) / (qmax - qmin)
-    inv   = (qmax - qmin) / (max - min)        # computed separately, not 1 / scale
-    zf    = qmin - min / scale
-    zp    = qmin if zf < qmin else qmax if zf > qmax else round_half_away(zf)
-    nmin  = (qmin - zp) * scale;  nmax = (qmax - zp) * scale
-    qz    = floor(-nmin * inv + 0.5)
-
-then each element ``c = max(min(x, nmax), nmin)`` is mapped to
-``floor((c - nmin) * inv - qz + 0.5) * scale`` (Args, PerChannel) or
-``floor((c - nmin) / scale - qz + 0.5) * scale`` (Vars). The gradients are
-``dx = g * [nmin <= x <= nmax]``, ``dmin = sum(g * [x < nmin])`` and
-``dmax = sum(g * [x > nmax])``, the masks being 1.0/0.0 floats that multiply ``g``.
-
-TF behaviours that surprise (each pinned by a test in tests/test_fake_quant.py)
---------------------------------------------------------------------------------
-1. Vars *divides* by ``scale`` where Args and PerChannel multiply by ``inv``: the same
-   min/max can give outputs one grid step apart (Args(1, 2)(0.5) = 0.50196081 but
-   Vars(1, 2)(0.5) = 0.49803925).
-2. Outputs lie in the nudged range, which can exceed [min, max]:
-   Args(-1, 1)(1) = 1.00392163, Args()(-7) = -6.02352953.
-3. Rounding is half *up* (floor(v + 0.5)), not half to even nor away from zero; only the
-   zero point rounds half away from zero.
-4. Ranges that do not contain 0 are shifted to contain it: Args(1, 2) acts as [0, 1].
-5. The gradient masks use the nudged range with inclusive bounds, not the public doc's
-   ``gradients * (inputs >= min && inputs <= max)``.
-6. The masks multiply: ``dx = g * 0.0`` is -0.0 for a negative ``g`` and NaN for an
-   infinite ``g`` outside the range (so one ``inf`` gradient makes the sum NaN).
-7. dmin/dmax are float32 sums in Eigen's full-reduction order (a tree of leaves of at
-   most 8192 values, each summed in four 8-lane accumulators), not sequential sums.
-   PerChannel sums each channel's strided column in that order.
-8. TF runs its kernels with denormals flushed to zero (FTZ and DAZ): denormal inputs,
-   gradients, min and max count as zero, and every intermediate and partial sum that
-   would be denormal becomes (signed) zero. Args(min=0, max=1e-45) is therefore
-   "min has to be smaller than max"; Vars(min=0, max=1e-40) outputs zeros. The
-   min == max == 0 pass-through below copies ``g`` unflushed (a copy, no arithmetic).
-9. Vars and PerChannel with ``min == max == 0`` (-0.0 included) output zeros, and their
-   gradients pass ``g`` through with dmin = dmax = 0.
-10. NaN inputs give NaN outputs (the clamp keeps NaN), and fall in no gradient mask.
-    +-inf inputs clamp to the nudged ends. A NaN input keeps its payload; with a NaN
-    min or max as well TF returns the range's NaN, and tfgrad may return the input's
-    (payload bits only: see the README; so may NaN gradient sums with several NaNs).
-11. PerChannel takes inputs of any rank >= 1 (TF documents [d], [b, d], [b, h, w, d]);
-    the channel is the last dimension.
-
-Where TF accepts input that is plainly an error
------------------------------------------------
-tfgrad follows TF's results (users need TF's numbers) and raises only where TF crashes:
-
-- Vars/PerChannel with ``min > max`` give a constant (Vars(1, -1)(x) = 0.99607849);
-  ``min == max != 0`` gives NaN outputs; NaN min/max give NaN outputs and zero
-  gradients. Args checks ``min < max`` (so NaN min/max are rejected there).
-- Infinite or huge ranges (``max - min`` overflowing) give NaN outputs, as in TF.
-- A rank-0 ``inputs`` to PerChannel (or its gradient) aborts TF's process
-  (``Check failed: d >= 0``); tfgrad raises InvalidArgumentError.
-- TF's ``static_cast<uint16>`` of a NaN zero point (a range with infinite ends) is 0 on
-  x86; tfgrad uses 0.
-
-TF's sums depend on its thread count
-------------------------------------
-12. Eigen's full reducer (``FullReducer<ThreadPoolDevice>``, TensorReduction.h) splits a
-    long sum when its cost model asks for it: ``threads = int((n * cost - 1e5) / 1e5 +
-    0.9)`` capped by TF's intra-op thread count, with cost = 67/16 per value for Vars and
-    75/16 for PerChannel (measured by tools/fake_quant_costs.py: Eigen's costs are 11/64
-    a byte plus whole cycles over packets of 8, multiples of 1/64, and these are the only
-    such values the measured thresholds allow). k threads from ``n * cost >= (k + 0.1) *
-    1e5``: a Vars sum takes 2 threads from 50150 values and 64 from 1530747, a
-    PerChannel column 2 from 44800 rows and 64 from 1367467. The blocks are
-    ``n // threads`` values, ``n // (n // threads)`` of them (more than threads when
-    n < threads**2), and the result is ``((remainder or 0) + block_0) + block_1 + ...``,
-    each block a tree of its own. Nothing else in it depends on the thread count, so
-    this holds for any count (tested against TF on 2, 3, 12, 16 and 64 threads). So TF's
-    dmin/dmax differ between machines. tfgrad reproduces the split TF makes by default on
-    the machine it runs on (TF_NUM_INTRAOP_THREADS, else the CPUs the process may use);
-    ``TFGRAD_TF_INTRA_OP_THREADS`` sets another count. tfgrad's own thread count never
-    changes a result.
+Bit-exact with TensorFlow 2.21's CPU kernels (``fake_quant_ops_functor.h``): float32 with one
+rounding per operation, the range nudged so that 0.0 falls on the grid, and dmin / dmax
+summed in Eigen's reduction order with TF's thread split. This module holds the ops' checks
+and the NumPy reference (the spec); the fused kernels are in ``tfgrad.kernels.fake_quant``.
+The TF behaviours reproduced, the differences from TF and the tests that pin them:
+docs/fake_quant.md.
 """
 
 from __future__ import annotations
@@ -308,11 +231,12 @@ def _check_rank(op: str, name: str, a: np.ndarray, rank: int) -> None:
 def _check_channels(op: str, inputs: np.ndarray, mn: np.ndarray, mx: np.ndarray) -> int:
     _check_rank(op, "min", mn, 1)
     _check_rank(op, "max", mx, 1)
-    # TF's kernel reads input.dim_size(-1) unchecked and aborts the process on rank 0.
+    # TF's kernel reads input.dim_size(-1) unchecked and aborts the process on rank 0;
+    # the words are those of TF's shape function (graph mode).
     if inputs.ndim < 1:
         raise InvalidArgumentError(
-            f"{op}: inputs must have rank >= 1 (channels are the last dimension), got a "
-            "scalar")
+            f"{op}: Shape must be at least rank 1 but is rank 0 for 'inputs' (the channels "
+            "are its last dimension)")
     d = inputs.shape[-1]
     if mn.shape[0] != d:
         raise InvalidArgumentError(f"{op}: min has incorrect size, expected {d} was {mn.shape[0]}")

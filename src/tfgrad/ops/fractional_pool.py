@@ -1,99 +1,10 @@
 """FractionalMaxPool, FractionalAvgPool and their gradients, as TF 2.21's CPU kernels.
 
-Pooling sequences
-    TF draws them from ``tsl::random::PhiloxRandom`` (Philox4x32-10) keyed by
-    ``(seed, seed2)``: key = (seed lo32, seed hi32), counter = (0, 0, seed2 lo32, seed2 hi32),
-    both seeds reinterpreted as uint64. Rows are generated first, then columns, from the
-    same generator; each generation first *reserves* its draws (the counter advances by
-    ceil(draws / 4) blocks), even when the size divides exactly.
-
-    - random (``pseudo_random=False``): ``diff = [k+1]*r + [k]*(m-r)`` (k = n // m,
-      r = n % m), then for i = 0 .. m-2 swap ``diff[i]`` with ``diff[i + u32 % (m - i)]``.
-    - pseudo-random: ``u = RandDouble() * min((k+2)/a - 1, (n+1-k)/a - (m-1))`` with
-      a = n / m in double; ``a_i = int(ceil(a * (i + u)))``, ``a_0 = 1``, ``a_m = n + 1``.
-
-    The returned sequence is the cumulative sum ``[0, d0, d0+d1, ..., n]``.
-
-Seeds (what tfgrad does, matching TF's eager behaviour)
-    - ``deterministic=True`` with a non-zero seed pair: a pure function of the seeds,
-      bit-identical to TF.
-    - ``deterministic=True`` with ``seed == seed2 == 0``: TF draws two random 64-bit seeds
-      when the kernel is constructed and its eager kernel cache keeps that kernel per attr
-      set, so the sequences repeat inside one process but not across processes. tfgrad
-      draws them from the OS once per (op, T, pooling_ratio, pseudo_random, overlapping) and
-      keeps them for the life of the process.
-    - ``deterministic=False``: both seeds must be 0 (TF's error otherwise); fresh seeds are
-      drawn from the OS on every call.
-
-Cells
-    Cell i spans ``[s_i, e_i]`` with ``e_i = s_{i+1}`` when overlapping else
-    ``s_{i+1} - 1``, clamped to ``n - 1``. Output sizes are ``floor(float32(n) / ratio)``
-    computed in float32 (``10 / float32(10/3)`` is 3.0000000298, so 3).
-
-Computation (each verified bit-exact against TF 2.21)
-    - Max: the accumulator starts at the dtype's lowest value (float32: -3.4028235e38, not
-      -inf) and updates as ``acc = v if acc < v else acc``, so NaN never wins and an
-      all-NaN or all--inf cell gives the lowest finite value.
-    - Avg: sum in T in row-major cell order, then divide by the count in T; integer
-      division truncates toward zero and integer sums wrap.
-    - MaxGrad: replays the forward with ``best = first element; best = v if best < v`` (ties
-      go to the first maximum in row-major order), requires every replayed maximum to equal
-      ``orig_output`` (``==``; so a NaN first in its cell, or a cell of only -inf, makes TF
-      and tfgrad raise ``tensor_out_dup is not the same as tensor_out``), then adds each
-      ``out_backprop`` element to its argmax in T, in output row-major order. TF first
-      requires ``len(rows) * len(cols) <= orig_input.size``, which rejects the forward
-      op's own sequences on tiny inputs ([1,2,2,2] at ratio 1: 3 * 3 > 8); tfgrad keeps
-      that check.
-    - AvgGrad: ``double(g) / count`` is added, in output row-major order, into a float64
-      accumulator per input element starting at +0.0, which is rounded to T once; integers
-      truncate, and values outside T's range become T's minimum (what x86's cvttsd2si
-      gives TF). An input element lies in at most 2 x 2 cells (the sequences are strictly
-      increasing), so the fused kernel sums each element's shares in a register and
-      rounds once: no float64 array the size of the input, as TF allocates.
-
-NaN payloads
-    Where two NaNs are added (Avg sums, AvgGrad and MaxGrad accumulations), TF's x86 add
-    returns the incoming operand's NaN; tfgrad's result is NaN there too but may carry
-    the other NaN's payload and sign (LLVM does not keep the operand order of an add;
-    see the README). A live campaign of ~551,000 calls found no other difference.
-
-Denormals (TF runs its kernels with FTZ and DAZ set, ``tfgrad._fpenv``)
-    Sums, shares and comparisons read a denormal as 0 and flush denormal results. TF's
-    max is an x86 max instruction, which returns a denormal as a zero of its sign, so
-    FractionalMaxPool never outputs a denormal (and of -denormal then +denormal keeps
-    -0, the earlier of equals); MaxGrad's replay copies values and compares them under
-    DAZ, so its check accepts those zeros. MaxGrad adds only the g of the cells whose
-    argmax an element is: a sum that flushes to -0 stays -0.
-
-Fused kernels (``tfgrad.kernels.fractional_pool``)
-    Forward ops: one task per (batch, output row). For float32/float64 each cell keeps
-    the running maxima or sums of eight channel vectors in registers over its taps (the
-    max is order-free: a NaN never wins and the earlier of -0/+0 stays; the sums keep
-    TF's row-major order) and writes its outputs once. For outputs of 4 MiB or more the
-    stores are non-temporal (no read-for-ownership of lines that would leave the caches
-    before use anyway) and each cell prefetches the input lines of the next row cell.
-    Gradients: one task per (batch, output
-    row cell r), owning the input rows whose last covering cell is r; AvgGrad computes
-    the shares ``double(g)/count`` of rows r-1 and r once per task (2 output rows of
-    float64), MaxGrad finds each cell's argmax (its position in the cell) and then
-    *gathers* per input element the g of the cells whose argmax it is, in TF's order,
-    instead of TF's racy-if-parallel scatter. For float32/float64 with whole channel
-    vectors the two are fused: a task of up to 8 row cells keeps the positions (exact in
-    T) of its current and previous row cell in a small buffer, recomputing the row cell
-    before its first, so no output-sized argmax array is written; other dtypes record
-    an int32 argmax array first. Every output element is
-    written by exactly one task in TF's order, so results do not depend on the thread
-    count. Small problems run on one thread (a parallel launch costs more).
-
-Validation beyond TF (TF accepts these, reads out of bounds or crashes; tfgrad raises
-InvalidArgumentError before any kernel runs):
-    - grads: sequences must be vectors of exactly ``out_rows + 1`` / ``out_cols + 1``
-      values, strictly increasing (every cell non-empty), within ``[0, input size]``;
-    - MaxGrad: ``out_backprop`` must have ``orig_output``'s shape, and ``orig_output``
-      ``orig_input``'s batch and depth (TF reads uninitialised memory or writes past its
-      buffers otherwise);
-    - AvgGrad: ``out_backprop``'s batch and depth must equal ``orig_input_tensor_shape``'s;
-    - forward: pooling ratios must be finite (TF rejects inf only through its size check).
+Bit-identical to TF, the pooling sequences drawn from the same seeds included (TF's
+Philox4x32-10 streams). This module holds the sequences, the ops' checks (stricter than
+TF's where TF reads or writes out of bounds) and the NumPy reference (the spec); the fused
+kernels are in ``tfgrad.kernels.fractional_pool``. The TF behaviours reproduced, the
+differences from TF and the tests that pin them: docs/fractional_pool.md.
 """
 
 from __future__ import annotations
@@ -106,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import _config
-from .._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError, UnimplementedError
 from .._fpenv import flush_denormals, flushed
 from .._validate import check_alloc, shape_str
 
@@ -252,16 +163,15 @@ def _check_forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...],
         raise InvalidArgumentError(
             f"{op}: pooling_ratio field must specify 4 dimensions, got {list(pooling_ratio)}")
     for r in pooling_ratio:
-        # `not r >= 1` also catches NaN, as TF's check does.
+        # `not r >= 1` also catches NaN, as TF's check does. (An infinite ratio fails the
+        # size check below, as in TF.)
         if not (r >= 1):
             raise InvalidArgumentError(
                 f"{op}: pooling_ratio cannot be smaller than 1, got: {_fmt(r)}")
-        if not np.isfinite(r):
-            raise InvalidArgumentError(f"{op}: pooling_ratio must be finite, got: {_fmt(r)}")
     if not (pooling_ratio[0] == 1 and pooling_ratio[3] == 1):
-        raise InvalidArgumentError(
+        raise UnimplementedError(
             f"{op}: Fractional {kind} pooling is not yet supported on the batch nor channel "
-            f"dimension (pooling_ratio[0] and pooling_ratio[3] must be 1.0, got "
+            f"dimension. (pooling_ratio[0] and pooling_ratio[3] must be 1.0, got "
             f"{list(pooling_ratio)})")
     if not (deterministic or (seed == 0 and seed2 == 0)):
         raise InvalidArgumentError(
@@ -277,25 +187,92 @@ def _check_forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...],
                 f"Input dim size: {n} pooling ratio: {_fmt(r)}")
 
 
-def _check_sequence_shape(op: str, name: str, seq: np.ndarray, cells: int) -> None:
+def _vals(seq: np.ndarray) -> str:
+    """The values as TF prints a flat tensor: right-aligned to the widest, one space
+    apart (the first 64 only: TF prints them all)."""
+    v = [str(int(x)) for x in seq.reshape(-1)[:64]]
+    width = max(map(len, v), default=0)
+    return " ".join(x.rjust(width) for x in v) + (" ..." if seq.size > 64 else "")
+
+
+def _check_sequence_shape(op: str, name: str, seq: np.ndarray, cells: int,
+                          of: tuple[str, tuple[int, ...]]) -> None:
+    """A vector of at least cells + 1 values (``of``: the tensor that has ``cells``, and its
+    shape). Both gradients read only the first cells + 1 (see _check_sequence_values)."""
     if seq.ndim != 1:
         raise InvalidArgumentError(
             f"{op}: {name} must be a vector, received shape "
             f"{shape_str(seq.shape)}")
-    if seq.shape[0] != cells + 1:
+    if seq.shape[0] <= cells:
+        # TF's words (FractionalAvgPoolGrad's; its MaxPoolGrad does not check)
+        tf_name = name.replace("_pooling_sequence", "_seq_tensor") if "Avg" in op else name
         raise InvalidArgumentError(
-            f"{op}: {name} must have {cells + 1} elements (one more than the {cells} pooling "
-            f"cells of out_backprop), got {seq.shape[0]}")
+            f"{op}: Given {of[0]} shape {shape_str(of[1])}, {tf_name} must have at least "
+            f"{cells + 1} elements, but got {seq.shape[0]} ({name}: one more than the "
+            f"{cells} pooling cells of {of[0]})")
 
 
-def _check_sequence_values(op: str, name: str, seq: np.ndarray, n: int) -> None:
-    if not (seq.size == 0 or (seq.min() >= 0 and seq.max() <= n)):
+def _tf_cells(seq: np.ndarray, n: int, overlapping: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Start and clamped end of every cell of ``seq`` as TF computes them: in int64, where
+    ``seq[i + 1] - 1`` wraps (-2**63 - 1 is 2**63 - 1)."""
+    s = seq.astype(np.int64)
+    with np.errstate(over="ignore"):
+        ends = s[1:] - np.int64(0 if overlapping else 1)
+    return s[:-1], np.minimum(ends, np.int64(n - 1))
+
+
+def _check_avg_grad_signs(op: str, rows: np.ndarray, cols: np.ndarray, h: int, w: int,
+                          mr: int, mc: int, overlapping: bool) -> None:
+    """TF's one value check of FractionalAvgPoolGrad: every cell it reads starts and ends
+    (clamped) at or after 0. TF checks row cell 0, then every column cell, then the other
+    row cells; the message is TF's."""
+    def bad(seq: np.ndarray, n: int, m: int) -> np.ndarray:
+        s, e = _tf_cells(seq[: m + 1], n, overlapping)
+        return (s < 0) | (e < 0)
+
+    rb, cb = bad(rows, h, mr), bad(cols, w, mc)
+    if rb[0] or (rb.any() and not cb.any()):
         raise InvalidArgumentError(
-            f"{op}: {name} values must lie in [0, {n}] (the input size), got {seq.tolist()}")
-    if not np.all(np.diff(seq) > 0):
+            f"{op}: Row sequence tensor values must not be negative, got {_vals(rows)} "
+            f"(row_pooling_sequence: row cell {int(np.argmax(rb))} would start or end "
+            "before row 0)")
+    if cb.any():
+        raise InvalidArgumentError(
+            f"{op}: Column sequence tensor values must not be negative, got {_vals(cols)} "
+            f"(col_pooling_sequence: column cell {int(np.argmax(cb))} would start or end "
+            "before column 0)")
+
+
+def _check_sequence_values(op: str, name: str, seq: np.ndarray, n: int,
+                           cells: int | None = None, overlapping: bool = False) -> None:
+    """The values of one gradient's sequence over an input dimension of size n, for
+    ``cells`` output cells (default: one fewer than the values).
+
+    The first cells + 1 values must be strictly increasing within [0, n] (TF reads outside
+    its input, clamps, or drops empty cells otherwise). Values after them: the
+    FractionalAvgPoolGrad kernel never reads them, so neither does tfgrad; the
+    FractionalMaxPoolGrad kernel pools every cell of its sequences into its
+    orig_output-sized buffers, past their end for the extra ones, so there they must form
+    cells that TF leaves empty (each start past its clamped end).
+    """
+    used = seq if cells is None else seq[: cells + 1]
+    if not (used.size == 0 or (used.min() >= 0 and used.max() <= n)):
+        raise InvalidArgumentError(
+            f"{op}: {name} values must lie in [0, {n}] (the input size), got {_vals(used)}")
+    if not np.all(np.diff(used) > 0):
         raise InvalidArgumentError(
             f"{op}: {name} must be strictly increasing (every pooling cell non-empty), got "
-            f"{seq.tolist()}")
+            f"{_vals(used)}")
+    if op == "FractionalMaxPoolGrad" and cells is not None and seq.size > cells + 1:
+        s, e = _tf_cells(seq[cells:], n, overlapping)
+        full = s <= e
+        if full.any():
+            k = cells + int(np.argmax(full))
+            raise InvalidArgumentError(
+                f"{op}: {name} has {seq.size} values for the {cells} pooling cells of "
+                f"orig_output; its extra cells must be empty (TF pools them too, writing "
+                f"past its orig_output-sized buffers), but cell {k} spans [{int(s[k - cells])}, "
+                f"{int(e[k - cells])}]")
 
 
 def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -388,8 +365,8 @@ def FractionalAvgPool(value: np.ndarray, pooling_ratio: tuple[float, ...], pseud
 def _check_avg_grad(op: str, shp: np.ndarray, g: np.ndarray, rows: np.ndarray,
                     cols: np.ndarray) -> tuple[int, ...]:
     if not (shp.ndim == 1 and shp.size == 4):
-        raise InvalidArgumentError(
-            f"{op}: original input tensor shape must be 1-dimensional and 4 elements, got "
+        raise InvalidArgumentError(  # (TF's words, its missing space included)
+            f"{op}: original input tensor shape must be1-dimensional and 4 elements, got "
             f"shape {shape_str(shp.shape)}")
     if g.ndim != 4:
         raise InvalidArgumentError(
@@ -397,8 +374,8 @@ def _check_avg_grad(op: str, shp: np.ndarray, g: np.ndarray, rows: np.ndarray,
             f"{shape_str(g.shape)}")
     if min(g.shape) <= 0:
         raise InvalidArgumentError(
-            f"{op}: out_backprop must be positive for all dimension, got "
-            f"shape {shape_str(g.shape)}")
+            f"{op}: out_backprop must be positive for all dimension, got:{min(g.shape)} "
+            f"(out_backprop has shape {shape_str(g.shape)})")
     dims = [int(d) for d in shp]
     for what, d in zip(("Batch", "Rows", "Columns", "Depth"), dims):
         if d < 0:
@@ -415,8 +392,9 @@ def _check_avg_grad(op: str, shp: np.ndarray, g: np.ndarray, rows: np.ndarray,
         raise InvalidArgumentError(
             f"{op}: out_backprop {shape_str(g.shape)} must have the batch and depth of "
             f"orig_input_tensor_shape {shape_str(in_shape)}")
-    _check_sequence_shape(op, "row_pooling_sequence", rows, g.shape[1])
-    _check_sequence_shape(op, "col_pooling_sequence", cols, g.shape[2])
+    of = ("out_backprop", tuple(g.shape))
+    _check_sequence_shape(op, "row_pooling_sequence", rows, g.shape[1], of)
+    _check_sequence_shape(op, "col_pooling_sequence", cols, g.shape[2], of)
     return in_shape
 
 
@@ -448,8 +426,9 @@ def _check_max_grad(op: str, x: np.ndarray, y: np.ndarray, g: np.ndarray, rows: 
         raise InvalidArgumentError(
             f"{op}: orig_output {shape_str(y.shape)} must have the batch and depth of "
             f"orig_input {shape_str(x.shape)}")
-    _check_sequence_shape(op, "row_pooling_sequence", rows, y.shape[1])
-    _check_sequence_shape(op, "col_pooling_sequence", cols, y.shape[2])
+    of = ("orig_output", tuple(y.shape))
+    _check_sequence_shape(op, "row_pooling_sequence", rows, y.shape[1], of)
+    _check_sequence_shape(op, "col_pooling_sequence", cols, y.shape[2], of)
 
 
 def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.ndarray,
@@ -459,8 +438,11 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
     in_shape = _check_avg_grad(op, orig_input_tensor_shape, out_backprop, row_pooling_sequence,
                                col_pooling_sequence)
     g, (_, h, w, _) = out_backprop, in_shape
-    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, h)
-    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, w)
+    mr, mc = g.shape[1], g.shape[2]
+    _check_avg_grad_signs(op, row_pooling_sequence, col_pooling_sequence, h, w, mr, mc,
+                          overlapping)
+    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, h, mr, overlapping)
+    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, w, mc, overlapping)
     rs, re = _cells(row_pooling_sequence, g.shape[1], h, overlapping)
     cs, ce = _cells(col_pooling_sequence, g.shape[2], w, overlapping)
     with flush_denormals():
@@ -485,8 +467,10 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
     op = "FractionalMaxPoolGrad"
     x, y, g = orig_input, orig_output, out_backprop
     _check_max_grad(op, x, y, g, row_pooling_sequence, col_pooling_sequence)
-    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, x.shape[1])
-    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, x.shape[2])
+    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, x.shape[1],
+                           y.shape[1], overlapping)
+    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, x.shape[2],
+                           y.shape[2], overlapping)
     rs, re = _cells(row_pooling_sequence, y.shape[1], x.shape[1], overlapping)
     cs, ce = _cells(col_pooling_sequence, y.shape[2], x.shape[2], overlapping)
     with flush_denormals():
@@ -500,9 +484,9 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
             ok = out is not None
     if not ok:
         raise InvalidArgumentError(
-            f"{op}: orig_output is not the max pooling of orig_input over these sequences "
-            "(tensor_out_dup is not the same as tensor_out); a cell whose first element is "
-            "NaN, or whose elements are all -inf, never matches the forward op's output")
+            f"{op}: tensor_out_dup is not the same as tensor_out (orig_output is not the max "
+            "pooling of orig_input over these sequences; a cell whose first element is NaN, "
+            "or whose elements are all -inf, never matches the forward op's output)")
     return out
 
 
