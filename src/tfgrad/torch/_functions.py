@@ -50,6 +50,9 @@ def make_function(op: OpDef) -> Callable[..., Any]:
     output = getattr(raw_ops, op.name).Output if len(op.outputs) > 1 else None
     shape_inputs = [i.name for i in op.inputs if i.is_shape]
     seeds = takes_seeds(op)
+    names = list(sig.parameters)
+    # torch's argument parser turns any number into a bool; TF's binding refuses them
+    bools = [(names.index(a.name), a.name) for a in op.attrs if a.type == "bool"]
 
     def fn(*args: Any, **kwargs: Any) -> Any:
         kwargs.pop("name", None)
@@ -65,6 +68,11 @@ def make_function(op: OpDef) -> Callable[..., Any]:
 
     def call(args: tuple, kwargs: dict[str, Any]) -> Any:
         _refuse_func_autodiff(op)
+        for i, n in bools:
+            v = args[i] if i < len(args) else kwargs.get(n, False)
+            if not isinstance(v, bool):
+                raise TypeError(f"tfgrad.torch.{op.snake_name}(): Expected bool for argument "
+                                f"'{n}' not {type(v).__name__}")
         if shape_inputs or seeds:
             bound = sig.bind(*args, **kwargs).arguments
             for n in shape_inputs:
