@@ -153,6 +153,11 @@ def dtype_name(op: OpDef, name: str, t: torch.Tensor) -> str:
     return dt
 
 
+_ALLOWED = {(op.name, i.name): (i.dtype,) if i.dtype else op.type_attr(i.type_attr).allowed
+            for op in OPS.values() for i in op.inputs}
+"""The dtypes each input takes."""
+
+
 def _tensor_input(op: OpDef, name: str, t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op.name}: input '{name}' must be a torch.Tensor, got "
@@ -160,8 +165,7 @@ def _tensor_input(op: OpDef, name: str, t: Any) -> torch.Tensor:
     if t.layout != torch.strided:
         raise TypeError(f"{op.name}: input '{name}' has layout {t.layout}; only dense "
                         "(strided) tensors are supported: call .to_dense() first")
-    inp = next(i for i in op.inputs if i.name == name)
-    allowed = (inp.dtype,) if inp.dtype else op.type_attr(inp.type_attr).allowed
+    allowed = _ALLOWED[op.name, name]
     if _DTYPE_NAMES.get(t.dtype) not in allowed:  # (no silent casts, unlike NumPy inputs)
         raise TypeError(
             f"{op.name}: input '{name}' has dtype {t.dtype}, but the op takes "
