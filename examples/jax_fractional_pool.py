@@ -1,8 +1,9 @@
 """A small JAX classifier with fractional average pooling (TF's kernel), trained under jit.
 
 Two 3x3 convolutions (``jax.lax``), each followed by ReLU and ``tfgrad.jax.fractional_avg_pool``
-with ratio sqrt(2) (TF 2.21's FractionalAvgPool and FractionalAvgPoolGrad, bit for bit,
-through ``jax.pure_callback``), then a linear layer. The
+with ratio sqrt(2) (TF 2.21's FractionalAvgPool and FractionalAvgPoolGrad: on one CPU device
+tfgrad's exact kernels, bit for bit; on a GPU or a mesh the native XLA code, drawing the same
+pooling regions), then a linear layer. The
 pooling seeds are traced arrays drawn from the step's PRNG key, so every step pools
 over new regions without recompiling the jitted step. The gradient uses the regions of
 the step's own forward pass (saved by the custom_vjp).
