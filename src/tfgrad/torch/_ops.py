@@ -347,21 +347,33 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any]]:
     diff_outputs = set(_gradients.differentiable_outputs(op.name)
                        if _gradients.has_gradient(op.name) else out_names)
 
+    tensor_inputs = [i.name for i in op.inputs if not i.is_shape]
+    when = sorted({k for c in _gradients.GRADIENTS.get(op.name, ()) for k in c.when})
+    saves: dict[tuple, list[tuple[str, str]]] = {}
+
+    def to_save(a: dict[str, Any]) -> list[tuple[str, str]]:
+        """What the backward reads, per value of the attrs that choose the calls (a
+        running statistic updated in place after the forward, as batch norm's in
+        inference, must not be saved when unused)."""
+        key = tuple(a[k] for k in when)
+        if key not in saves:
+            attrs = {at.name: a[at.name] for at in op.attrs}
+            need = {(src.kind, src.name) for c in _gradients.calls(op.name, attrs)
+                    for src in c.args.values() if src.kind in ("input", "output")}
+            if op.name in _gradients.LINEARISED:
+                need |= {("input", n) for n in tensor_inputs}
+            saves[key] = sorted(need)
+        return saves[key]
+
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         a = bind(inputs, {})
         outs = dict(zip(out_names, output if isinstance(output, tuple) else (output,)))
         ctx.bound = {k: v for k, v in a.items() if not isinstance(v, torch.Tensor)}
-        ctx.shapes = {i.name: tuple(a[i.name].shape) for i in op.inputs if not i.is_shape}
+        ctx.shapes = {n: tuple(a[n].shape) for n in tensor_inputs}
         ctx.outs = {n: (t.shape, t.dtype, t.device) for n, t in outs.items()}
-        # Only what the backward reads (a running statistic updated in place after the
-        # forward, as batch norm's in inference, must not be saved when unused).
-        attrs = {at.name: a[at.name] for at in op.attrs}
-        need = {(src.kind, src.name) for c in _gradients.calls(op.name, attrs)
-                for src in c.args.values() if src.kind in ("input", "output")}
-        if op.name in _gradients.LINEARISED:
-            need |= {("input", i.name) for i in op.inputs if not i.is_shape}
-        ctx.names = [n for k, n in sorted(need)]
-        ctx.save_for_backward(*(a[n] if k == "input" else outs[n] for k, n in sorted(need)))
+        need = to_save(a)
+        ctx.names = [n for _, n in need]
+        ctx.save_for_backward(*(a[n] if k == "input" else outs[n] for k, n in need))
         ctx.mark_non_differentiable(*(t for n, t in outs.items() if n not in diff_outputs))
 
     def backward(ctx: Any, *grads: Any) -> tuple:

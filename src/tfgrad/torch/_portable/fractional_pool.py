@@ -75,7 +75,14 @@ def _lowest(dtype: torch.dtype) -> Any:
 
 def _host(seq: torch.Tensor) -> np.ndarray:
     """A small host copy of a pooling sequence (the one device -> host read per sequence)."""
-    return seq.detach().cpu().numpy()
+    try:
+        return seq.detach().cpu().numpy()
+    except RuntimeError:  # a traced tensor (FakeTensor, FunctionalTensor) has no values
+        raise RuntimeError(
+            "tfgrad.torch: the portable fractional pooling reads its pooling sequences on "
+            "the host, so it cannot be traced: torch.compile / torch.export of a second "
+            "derivative through fractional average pooling is not supported (first "
+            "derivatives are: the gradient operator is opaque to the compiler)") from None
 
 
 def _taps(seq: np.ndarray, m: int, n: int, overlapping: bool,
