@@ -823,3 +823,27 @@ def test_pool_spins_only_with_a_cpu_for_each_thread(monkeypatch):
     for p in (spinning, oversubscribed):
         p.stop()
     assert spinning.wait_ticks > 0 and oversubscribed.wait_ticks == 0
+
+
+def test_huge_strides_with_one_output_need_no_memory():
+    # A stride never moves a window that has one output: it must not size a working row
+    # either (a stride of 10**9 asked for gigabytes, and failed where memory is capped).
+    code = r"""
+import resource, numpy as np, tfgrad
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+rng = np.random.default_rng(0)
+for dt in (np.float32, np.float64):
+    for m in (1, 2):
+        x = rng.standard_normal((1, 5, 4, 8)).astype(dt)
+        w = rng.standard_normal((3, 2, 8, m)).astype(dt)
+        for s in (10**9, 2**62):
+            kw = dict(strides=[1, s, s, 1], padding="VALID")
+            got = tfgrad.depthwise_conv2d_native(x, w, **kw)
+            with tfgrad.use_impl("reference"):
+                want = tfgrad.depthwise_conv2d_native(x, w, **kw)
+            assert got.tobytes() == want.tobytes()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -144,10 +144,11 @@ def _geometry(op: str, a: _Attrs, N: int, H: int, W: int, C: int, fh: int, fw: i
               M: int) -> Geometry:
     oh, pt = window(op, H, fh, a.sh, a.dh, a.padding, a.pads_h)
     ow, pl = window(op, W, fw, a.sw, a.dw, a.padding, a.pads_w)
-    # With one output row (column) the stride never moves the window: clamp it, so that no
-    # index product in the kernels can overflow int64 (strides up to 2**63 - 1 are legal).
-    sh = a.sh if oh > 1 else min(a.sh, 2**31 - 1)
-    sw = a.sw if ow > 1 else min(a.sw, 2**31 - 1)
+    # With one output row (column) the stride never moves the window: clamp it (keeping
+    # "strided or not"), so that no index product can overflow int64 and no working row
+    # sized by the stride is allocated (strides up to 2**63 - 1 are legal).
+    sh = a.sh if oh > 1 else min(a.sh, 2)
+    sw = a.sw if ow > 1 else min(a.sw, 2)
     return Geometry(N, H, W, C, M, fh, fw, oh, ow, sh, sw, a.dh, a.dw, pt, pl)
 
 
