@@ -38,12 +38,14 @@ import torch  # noqa: E402
 import tfgrad  # noqa: E402
 import tfgrad.torch as tt  # noqa: E402
 from tests.cases import CASES  # noqa: E402
-from tfgrad import _distance  # noqa: E402
+from tfgrad import _distance, _validate  # noqa: E402
 from tfgrad.torch import _ops  # noqa: E402
 
 
 def _to_device(kwargs: dict, op_name: str, device: str) -> dict:
     op = tfgrad.get_op_def(op_name)
+    # (the op's dtypes, as tfgrad.raw_ops converts NumPy inputs; torch casts nothing)
+    kwargs = {**kwargs, **_validate.bind_inputs(op, kwargs)[0]}
     args = {}
     for i in op.inputs:
         v = np.asarray(kwargs[i.name])
@@ -174,7 +176,8 @@ def timings(device: str, report: list[str], quick: bool) -> None:
         ("fractional max pool",
          lambda: tt.fractional_max_pool(x, [1.0, 1.44, 1.44, 1.0], deterministic=True,
                                         seed=1, seed2=2).output,
-         lambda: torch.nn.functional.fractional_max_pool2d(x_cl, 2, output_ratio=1 / 1.44)),
+         lambda: torch.nn.functional.fractional_max_pool2d(x_cl, 2,
+                                                           output_ratio=(1 / 1.44, 1 / 1.44))),
     ]
     report.append(f"## Timings on {device}: tfgrad (portable) vs torch's nearest op, "
                   f"[{n}, {h}, {h}, {c}] float32, median ms\n")
