@@ -11,7 +11,6 @@ a tight bound where no output cancels to rounding noise. The gradient ops' own d
 from __future__ import annotations
 
 import functools
-import importlib
 import zlib
 from typing import Any
 
@@ -19,9 +18,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests import portable
 from tests.cases import Case
 from tests.cases import batch_norm as cases
-from tfgrad import _distance, _validate, raw_ops
+from tfgrad import _distance, raw_ops
 from tfgrad._opdefs import get_op_def
 
 SEEDS = (None, 1001, 1002)  # the case's own inputs, then fresh ones
@@ -31,65 +31,13 @@ CANCELLING = {"FusedBatchNormGradV3/R2", "FusedBatchNormGradV3/C1"}
 TIGHT = {"float32": 16, "float16": 1, "bfloat16": 1}
 
 
-# --------------------------------------------------------------------------------------
-# Running an implementation
-# --------------------------------------------------------------------------------------
-class _Torch:
-    def __init__(self) -> None:
-        self.torch = pytest.importorskip("torch")
-        self.mod = importlib.import_module("tfgrad.torch._portable.batch_norm")
-
-    def tensor(self, a: np.ndarray) -> Any:
-        a = np.array(a)
-        if a.dtype == ml_dtypes.bfloat16:  # torch has no NumPy bfloat16: share the bits
-            return self.torch.from_numpy(a.view(np.int16)).view(self.torch.bfloat16)
-        return self.torch.from_numpy(a)
-
-    def array(self, t: Any) -> np.ndarray:
-        t = t.detach()
-        if t.dtype == self.torch.bfloat16:
-            return t.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
-                 ) -> tuple[np.ndarray, ...]:
-        out = getattr(self.mod, op)(**{k: self.tensor(v) for k, v in arrays.items()}, **attrs)
-        return tuple(self.array(o) for o in out)
-
-
-class _Jax:
-    def __init__(self) -> None:
-        self.jax = pytest.importorskip("jax")
-        self.mod = importlib.import_module("tfgrad.jax._native.batch_norm")
-        self.jitted: dict[tuple, Any] = {}  # one compilation per op, attrs and shapes
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
-                 ) -> tuple[np.ndarray, ...]:
-        key = (op, tuple(sorted(attrs.items())))
-        if key not in self.jitted:
-            self.jitted[key] = self.jax.jit(functools.partial(getattr(self.mod, op), **attrs))
-        return tuple(np.asarray(o) for o in self.jitted[key](**arrays))
-
-
-_RUNNERS: dict[str, Any] = {}
-
-
 def _runner(framework: str) -> Any:
-    if framework not in _RUNNERS:
-        _RUNNERS[framework] = _Torch() if framework == "torch" else _Jax()
-    return _RUNNERS[framework]
+    return portable.runner(framework, "batch_norm")
 
 
 @pytest.fixture(params=["torch", "jax"])
 def impl(request: pytest.FixtureRequest) -> Any:
     return _runner(request.param)
-
-
-def _split(op: str, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and attrs as the adapters hand them over (after tfgrad's validation)."""
-    d = get_op_def(op)
-    bound = _validate.bind(d, kwargs)
-    return ({i.name: bound[i.name] for i in d.inputs}, {a.name: bound[a.name] for a in d.attrs})
 
 
 def _violations(impl: Any, case: Case, seeds: tuple = SEEDS) -> list[str]:
@@ -98,7 +46,7 @@ def _violations(impl: Any, case: Case, seeds: tuple = SEEDS) -> list[str]:
     bad = []
     for seed in seeds:
         kwargs = case.kwargs(seed)
-        got = impl(case.op, *_split(case.op, kwargs))
+        got = impl(case.op, *portable.split(case.op, kwargs))
         want = tuple(np.asarray(o) for o in getattr(raw_ops, case.op)(**kwargs))
         for name, a, e in zip(names, got, want, strict=True):
             dtype = str(e.dtype)

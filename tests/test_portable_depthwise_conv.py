@@ -15,21 +15,17 @@ the padding's NaNs dropped) must fail.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import tfgrad
+from tests import portable
 from tests.cases import Case
 from tests.cases import depthwise_conv as cases
-from tfgrad import _distance, _validate, raw_ops
-from tfgrad._opdefs import get_op_def
+from tfgrad import _distance, raw_ops
 
 FWD, BI, BF = cases.FWD, cases.BI, cases.BF
 OPS = (FWD, BI, BF)
@@ -39,62 +35,8 @@ UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16
 TERMS = 8  # measured: |got - want| <= 5.3 u sum|terms| over the cases and 8 seeds
 
 
-# --------------------------------------------------------------------------------------
-# Running an implementation
-# --------------------------------------------------------------------------------------
-class _Torch:
-    name = "torch"
-
-    def __init__(self) -> None:
-        self.torch = pytest.importorskip("torch")
-        self.mod = importlib.import_module("tfgrad.torch._portable.depthwise_conv")
-
-    def _tensor(self, a: np.ndarray) -> Any:
-        if a.dtype == ml_dtypes.bfloat16:  # (torch.from_numpy has no bfloat16)
-            return self.torch.from_numpy(a.view(np.int16).copy()).view(self.torch.bfloat16)
-        return self.torch.from_numpy(np.array(a))
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], static: dict[str, Any]
-                 ) -> np.ndarray:
-        out = getattr(self.mod, op)(**{k: self._tensor(v) for k, v in arrays.items()},
-                                    **static)
-        if out.dtype == self.torch.bfloat16:
-            return out.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return out.numpy()
-
-    def fresh(self) -> None:
-        pass
-
-
-class _Jax:
-    name = "jax"
-
-    def __init__(self) -> None:
-        self.jax = pytest.importorskip("jax")
-        self.mod = importlib.import_module("tfgrad.jax._native.depthwise_conv")
-        self.jitted: dict[tuple, Any] = {}  # one compilation per op, attrs and shapes
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], static: dict[str, Any]
-                 ) -> np.ndarray:
-        key = (op, tuple(sorted(static.items())))
-        with self.jax.enable_x64(True):  # (float64 cases)
-            if key not in self.jitted:
-                self.jitted[key] = self.jax.jit(functools.partial(getattr(self.mod, op),
-                                                                  **static))
-            return np.asarray(self.jitted[key](**arrays))
-
-    def fresh(self) -> None:
-        """Forget the compiled functions (after the module changes)."""
-        self.jitted.clear()
-
-
-_RUNNERS: dict[str, Any] = {}
-
-
 def _runner(framework: str) -> Any:
-    if framework not in _RUNNERS:
-        _RUNNERS[framework] = _Torch() if framework == "torch" else _Jax()
-    return _RUNNERS[framework]
+    return portable.runner(framework, "depthwise_conv")
 
 
 @pytest.fixture(params=["torch", "jax"])
@@ -102,30 +44,7 @@ def impl(request: pytest.FixtureRequest) -> Any:
     return _runner(request.param)
 
 
-@contextmanager
-def _patched(impl: Any, **mutant: Any) -> Iterator[None]:
-    """The implementation's module with some helpers replaced."""
-    saved = {k: getattr(impl.mod, k) for k in mutant}
-    try:
-        for k, v in mutant.items():
-            setattr(impl.mod, k, v)
-        impl.fresh()
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(impl.mod, k, v)
-        impl.fresh()
-
-
-def _split(op: str, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Array inputs, and the rest (shape inputs as int tuples, normalised attrs), as the
-    adapters hand them over after tfgrad's validation."""
-    d = get_op_def(op)
-    bound = _validate.bind(d, kwargs)
-    arrays = {i.name: bound[i.name] for i in d.inputs if not i.is_shape}
-    static = {i.name: tuple(int(v) for v in bound[i.name]) for i in d.inputs if i.is_shape}
-    static.update({a.name: bound[a.name] for a in d.attrs})
-    return arrays, static
+_patched, _split = portable.patched, portable.split
 
 
 def _terms(op: str, kwargs: dict[str, Any]) -> np.ndarray:
@@ -160,7 +79,7 @@ def _run_case(impl: Any, case: Case, seeds: tuple = SEEDS, **change: Any) -> lis
     for seed in seeds:
         kwargs = case.kwargs(seed)
         arrays, static = _split(case.op, kwargs)
-        got = impl(case.op, arrays, {**static, **change})
+        (got,) = impl(case.op, arrays, {**static, **change})
         want = np.asarray(getattr(raw_ops, case.op)(**kwargs))
         bad += [f"seed {seed}: {b}" for b in _violations(impl.mod, case.op, kwargs, got, want)]
     return bad
@@ -246,7 +165,7 @@ def _huge_violations(impl: Any) -> dict[str, list[str]]:
     bad: dict[str, list[str]] = {op: [] for op in OPS}
     for op, name, kwargs in _huge_calls():
         arrays, static = _split(op, kwargs)
-        got = impl(op, arrays, static)
+        (got,) = impl(op, arrays, static)
         with tfgrad.use_impl("reference"):  # (the kernels' forward takes memory in
             want = np.asarray(getattr(raw_ops, op)(**kwargs))  # proportion to a stride)
         bad[op] += [f"{name}: {b}" for b in _violations(impl.mod, op, kwargs, got, want)]
@@ -263,11 +182,11 @@ def test_empty_sums_are_zeros(impl: Any) -> None:
     BackpropInput with multiplier 0) the exact kernels return zeros: so do these."""
     a = {"strides": (1, 1, 1, 1), "padding": "SAME", "explicit_paddings": (),
          "data_format": "NHWC", "dilations": (1, 1, 1, 1)}
-    dw = impl(BF, {"input": np.zeros((0, 4, 5, 2), np.float16),
+    (dw,) = impl(BF, {"input": np.zeros((0, 4, 5, 2), np.float16),
                    "out_backprop": np.zeros((0, 4, 5, 2), np.float16)},
               {"filter_sizes": (3, 3, 2, 1), **a})
     assert dw.shape == (3, 3, 2, 1) and dw.dtype == np.float16 and not dw.any()
-    dx = impl(BI, {"filter": np.ones((2, 2, 2, 0), np.float32),
+    (dx,) = impl(BI, {"filter": np.ones((2, 2, 2, 0), np.float32),
                    "out_backprop": np.ones((1, 3, 3, 0), np.float32)},
               {"input_sizes": (1, 3, 3, 2), **a})
     assert dx.shape == (1, 3, 3, 2) and dx.dtype == np.float32 and not dx.any()
@@ -314,7 +233,7 @@ def test_channel_order_matters(impl: Any) -> None:
     case = _cases("explicit_3x2_s2_m3", ops=(FWD,))[0]
     kwargs = case.kwargs()
     arrays, static = _split(FWD, kwargs)
-    got = impl(FWD, arrays, static)
+    (got,) = impl(FWD, arrays, static)
     C, M = kwargs["filter"].shape[2:]
     mixed = got.reshape(*got.shape[:3], C, M).swapaxes(3, 4).reshape(got.shape)
     want = np.asarray(raw_ops.DepthwiseConv2dNative(**kwargs))

@@ -10,16 +10,16 @@ the sum of their terms' magnitudes.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests import portable
 from tests.cases import Case
 from tests.cases import fake_quant as cases
-from tfgrad import _distance, _validate, raw_ops
+from tfgrad import _distance
 from tfgrad._opdefs import get_op_def
 from tfgrad.ops import fake_quant as fq
 
@@ -28,44 +28,8 @@ U = 2.0**-24  # float32 unit roundoff
 SUM_ROUNDING = 4  # measured: at most 2.4 U * sum(|terms|) (torch, JAX; the cases, 40+ seeds)
 
 
-# --------------------------------------------------------------------------------------
-# Running an implementation
-# --------------------------------------------------------------------------------------
-class _Torch:
-    def __init__(self) -> None:
-        self.torch = pytest.importorskip("torch")
-        self.mod = importlib.import_module("tfgrad.torch._portable.fake_quant")
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
-                 ) -> tuple[np.ndarray, ...]:
-        torch = self.torch
-        out = getattr(self.mod, op)(**{k: torch.from_numpy(np.array(v)) for k, v in
-                                       arrays.items()}, **attrs)
-        return tuple(o.numpy() for o in (out if isinstance(out, tuple) else (out,)))
-
-
-class _Jax:
-    def __init__(self) -> None:
-        self.jax = pytest.importorskip("jax")
-        self.mod = importlib.import_module("tfgrad.jax._native.fake_quant")
-        self.jitted: dict[tuple, Any] = {}  # one compilation per op, attrs and shapes
-
-    def __call__(self, op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
-                 ) -> tuple[np.ndarray, ...]:
-        key = (op, tuple(sorted(attrs.items())))
-        if key not in self.jitted:
-            self.jitted[key] = self.jax.jit(functools.partial(getattr(self.mod, op), **attrs))
-        out = self.jitted[key](**arrays)
-        return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
-
-
-_RUNNERS: dict[str, Any] = {}
-
-
 def _runner(framework: str) -> Any:
-    if framework not in _RUNNERS:
-        _RUNNERS[framework] = _Torch() if framework == "torch" else _Jax()
-    return _RUNNERS[framework]
+    return portable.runner(framework, "fake_quant")
 
 
 @pytest.fixture(params=["torch", "jax"])
@@ -73,16 +37,7 @@ def impl(request: pytest.FixtureRequest) -> Any:
     return _runner(request.param)
 
 
-def _split(op: str, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and attrs as the adapters hand them over (after tfgrad's validation)."""
-    d = get_op_def(op)
-    bound = _validate.bind(d, kwargs)
-    return ({i.name: bound[i.name] for i in d.inputs}, {a.name: bound[a.name] for a in d.attrs})
-
-
-def _exact(op: str, kwargs: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    out = getattr(raw_ops, op)(**kwargs)
-    return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
+_split, _exact = portable.split, portable.exact
 
 
 # --------------------------------------------------------------------------------------
