@@ -58,3 +58,22 @@ def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:
     bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
     nan = np.isnan(a.astype(np.float64)) & np.isnan(e.astype(np.float64))
     return bool(((a.view(bits) == e.view(bits)) | nan).all())
+
+
+Bounds = dict[str, dict[str, dict[str, float]]]
+"""op -> output name -> output dtype -> the largest distance allowed (0: bit-identical)."""
+
+
+def bounds_by_output(ops: tuple[str, ...], per_output: dict[str, dict[str, float]]) -> Bounds:
+    """The same bounds (output name -> dtype -> bound) for several ops (e.g. the versions
+    of one op), keeping for each op the outputs and dtypes it has."""
+    from ._opdefs import get_op_def
+
+    out: Bounds = {}
+    for name in ops:
+        op = get_op_def(name)
+        out[name] = {}
+        for o in op.outputs:
+            dtypes = (o.dtype,) if o.dtype else op.type_attr(o.type_attr).allowed
+            out[name][o.name] = {t: b for t, b in per_output[o.name].items() if t in dtypes}
+    return out

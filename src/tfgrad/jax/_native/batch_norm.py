@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._opdefs import get_op_def
+from ..._distance import Bounds, bounds_by_output
 
 _F32 = jnp.float32
 _NAN = np.float32(np.nan)
@@ -44,39 +44,24 @@ _GRAD = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 Array = Any  # a jax.Array (or anything jnp.asarray takes)
 
 
-def _per_op(fwd: dict[str, dict[str, float]], grad: dict[str, dict[str, float]]
-            ) -> dict[str, dict[str, dict[str, float]]]:
-    """The same bounds for V1, V2 and V3, for the outputs and dtypes each op has."""
-    out = {}
-    for op in _FWD + _GRAD:
-        d = get_op_def(op)
-        dtypes = set(d.type_attr("T").allowed) | {"float32"}
-        out[op] = {o.name: {t: b for t, b in (fwd | grad)[o.name].items() if t in dtypes}
-                   for o in d.outputs}
-    return out
-
-
 # Largest distance from the exact kernels (tfgrad._distance), op -> output -> output dtype.
-BOUNDS: dict[str, dict[str, dict[str, float]]] = _per_op(
-    fwd={
-        "reserve_space_3": {"float32": 0},
-        # TF's approximate rsqrt on packets of 8 channels, the sums' order (max seen: 4;
-        # torch, on the same rsqrt, 7).
-        "y": {"float32": 8, "float16": 1, "bfloat16": 1},
-        # the sums' order (max seen: 6).
-        "batch_mean": {"float32": 9}, "batch_variance": {"float32": 9},
-        "reserve_space_1": {"float32": 9}, "reserve_space_2": {"float32": 9},
-    },
-    grad={
-        # R = 2: dx is rounding noise that cancels, and TF's rsqrt moves it (max seen 1297;
-        # <= 3 elsewhere).
-        "x_backprop": {"float32": 2048, "float16": 1, "bfloat16": 1},
-        # the sums' order (max seen: 5 and 3).
-        "scale_backprop": {"float32": 8}, "offset_backprop": {"float32": 6},
-        "reserve_space_3": {"float32": 0}, "reserve_space_4": {"float32": 0},
-        "reserve_space_5": {"float32": 0},
-    },
-)
+# (one table for the three versions of the op and of its gradient)
+BOUNDS: Bounds = bounds_by_output(_FWD + _GRAD, {
+    "reserve_space_3": {"float32": 0},
+    # TF's approximate rsqrt on packets of 8 channels, the sums' order (max seen: 4;
+    # torch, on the same rsqrt, 7).
+    "y": {"float32": 8, "float16": 1, "bfloat16": 1},
+    # the sums' order (max seen: 6).
+    "batch_mean": {"float32": 9}, "batch_variance": {"float32": 9},
+    "reserve_space_1": {"float32": 9}, "reserve_space_2": {"float32": 9},
+    # R = 2: dx is rounding noise that cancels, and TF's rsqrt moves it (max seen 1297;
+    # <= 3 elsewhere).
+    "x_backprop": {"float32": 2048, "float16": 1, "bfloat16": 1},
+    # the sums' order (max seen: 5 and 3).
+    "scale_backprop": {"float32": 8}, "offset_backprop": {"float32": 6},
+    "reserve_space_4": {"float32": 0},
+    "reserve_space_5": {"float32": 0},
+})
 
 NOTES: dict[str, str] = {
     op: "Denormals are flushed to zero (TF's FTZ / DAZ) only where the backend does it "

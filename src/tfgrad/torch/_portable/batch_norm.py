@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._opdefs import get_op_def
+from ..._distance import Bounds, bounds_by_output
 
 _F32 = torch.float32
 _CHANNELS_FIRST = ("NCHW", "NCDHW")
@@ -38,38 +38,23 @@ _FWD = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 _GRAD = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 
 
-def _per_op(fwd: dict[str, dict[str, float]], grad: dict[str, dict[str, float]]
-            ) -> dict[str, dict[str, dict[str, float]]]:
-    """The same bounds for V1, V2 and V3, for the outputs and dtypes each op has."""
-    out = {}
-    for op in _FWD + _GRAD:
-        d = get_op_def(op)
-        dtypes = set(d.type_attr("T").allowed) | {"float32"}
-        out[op] = {o.name: {t: b for t, b in (fwd | grad)[o.name].items() if t in dtypes}
-                   for o in d.outputs}
-    return out
-
-
 # Largest distance from the exact kernels (tfgrad._distance), op -> output -> output dtype.
-BOUNDS: dict[str, dict[str, dict[str, float]]] = _per_op(
-    fwd={
-        "reserve_space_3": {"float32": 0},
-        # TF's approximate rsqrt on packets of 8 channels, the sums' order (max seen: 7).
-        "y": {"float32": 12, "float16": 1, "bfloat16": 1},
-        # the sums' order (max seen: 8 and 10).
-        "batch_mean": {"float32": 12}, "batch_variance": {"float32": 16},
-        "reserve_space_1": {"float32": 12}, "reserve_space_2": {"float32": 16},
-    },
-    grad={
-        # R = 2: dx is rounding noise that cancels, and TF's rsqrt moves it (max seen 2644;
-        # <= 4 elsewhere).
-        "x_backprop": {"float32": 4096, "float16": 1, "bfloat16": 1},
-        # one channel (C = 1) whose sum cancels (max seen 680 and 72704; <= 8 elsewhere).
-        "scale_backprop": {"float32": 1024}, "offset_backprop": {"float32": 131072},
-        "reserve_space_3": {"float32": 0}, "reserve_space_4": {"float32": 0},
-        "reserve_space_5": {"float32": 0},
-    },
-)
+# (one table for the three versions of the op and of its gradient)
+BOUNDS: Bounds = bounds_by_output(_FWD + _GRAD, {
+    "reserve_space_3": {"float32": 0},
+    # TF's approximate rsqrt on packets of 8 channels, the sums' order (max seen: 7).
+    "y": {"float32": 12, "float16": 1, "bfloat16": 1},
+    # the sums' order (max seen: 8 and 10).
+    "batch_mean": {"float32": 12}, "batch_variance": {"float32": 16},
+    "reserve_space_1": {"float32": 12}, "reserve_space_2": {"float32": 16},
+    # R = 2: dx is rounding noise that cancels, and TF's rsqrt moves it (max seen 2644;
+    # <= 4 elsewhere).
+    "x_backprop": {"float32": 4096, "float16": 1, "bfloat16": 1},
+    # one channel (C = 1) whose sum cancels (max seen 680 and 72704; <= 8 elsewhere).
+    "scale_backprop": {"float32": 1024}, "offset_backprop": {"float32": 131072},
+    "reserve_space_4": {"float32": 0},
+    "reserve_space_5": {"float32": 0},
+})
 
 NOTES: dict[str, str] = {
     op: "Denormal inputs and intermediates are not flushed to zero (TF's FTZ / DAZ); only "
