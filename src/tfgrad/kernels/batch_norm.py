@@ -57,12 +57,11 @@ from numba import prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._pool import num_threads
+from .._compile import num_threads
+from .._tf.mxcsr import ftz_enter, ftz_exit
 from ._simd import (
     STREAM_MIN_BYTES,
     aligned_empty,
-    ftz_enter,
-    ftz_exit,
     prefetch,
     vadd,
     vfull,

@@ -17,12 +17,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._pool import num_threads
+from .._compile import num_threads
+from .._tf.mxcsr import ftz_enter, ftz_exit
 from ._simd import (
     STREAM_MIN_BYTES,
     flush_denormal,
-    ftz_enter,
-    ftz_exit,
     nlanes,
     prefetch,
     stream_output,

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
-from .._fpenv import flush_denormals
+from .._tf.fpenv import flush_denormals
 from .._validate import check_alloc, check_float32_copies, shape_str
 
 _F32 = np.float32

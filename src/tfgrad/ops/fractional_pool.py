@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError, UnimplementedError
-from .._fpenv import flush_denormals, flushed
+from .._tf.fpenv import flush_denormals, flushed
 from .._validate import check_alloc, shape_str
 
 _M32 = 0xFFFFFFFF
