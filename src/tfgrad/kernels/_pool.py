@@ -178,7 +178,7 @@ class _Pool:
                              daemon=True).start()
 
     def _serve(self) -> None:
-        flush_this_thread()  # TF's flushed-denormal environment, once (see _fpenv)
+        flush_this_thread()  # TF's flushed-denormal environment, once (see _tf.fpenv)
         seen = 0
         while True:
             with self.cv:
