@@ -14,6 +14,7 @@ from ..kernels import fractional_pool as k
 from ..kernels._simd import STREAM_MIN_BYTES, stream_output
 
 _FAMILY = "fractional_pool"
+_Arr = np.ndarray
 
 _STREAM_MIN_BYTES = STREAM_MIN_BYTES
 """Float outputs this big are written with non-temporal stores (they would mostly leave
@@ -60,7 +61,7 @@ def _whole_lines(depth: int, dtype: np.dtype) -> bool:
     return depth * dtype.itemsize % 64 == 0
 
 
-def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:  # type: ignore[no-untyped-def]  # noqa: E501
+def _pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr, is_max: bool, lowest: Any) -> _Arr:
     x = _input(x)
     shape = (x.shape[0], rs.size, cs.size, x.shape[3])
     counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
@@ -78,17 +79,19 @@ def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:  #
     return out
 
 
-def max_pool(x: np.ndarray, rs, re, cs, ce, lowest: Any) -> np.ndarray:  # type: ignore[no-untyped-def]  # noqa: E501
+def max_pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr, lowest: Any) -> _Arr:
     """The max pooling of x over the cells, each maximum starting at ``lowest`` (T's)."""
     return _pool(x, rs, re, cs, ce, True, lowest)
 
 
-def avg_pool(x: np.ndarray, rs, re, cs, ce) -> np.ndarray:  # type: ignore[no-untyped-def]
+def avg_pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr) -> _Arr:
     """The average pooling of x over the cells."""
     return _pool(x, rs, re, cs, ce, False, x.dtype.type(0))
 
 
-def avg_pool_grad(in_shape: tuple[int, ...], g: np.ndarray, rs, re, cs, ce) -> np.ndarray:  # type: ignore[no-untyped-def]  # noqa: E501
+def avg_pool_grad(in_shape: tuple[int, ...], g: _Arr, rs: _Arr, re: _Arr, cs: _Arr,
+                  ce: _Arr) -> _Arr:
+    """The input gradient of the average pooling over the cells."""
     g = _input(g)
     out = np.empty(in_shape, g.dtype)
     r_first, r_last, own_lo, own_hi = _covering(rs, re, in_shape[1])
@@ -100,8 +103,8 @@ def avg_pool_grad(in_shape: tuple[int, ...], g: np.ndarray, rs, re, cs, ce) -> n
     return out
 
 
-def max_pool_grad(x: np.ndarray, y: np.ndarray, g: np.ndarray, rs, re, cs,  # type: ignore[no-untyped-def]  # noqa: E501
-                  ce) -> np.ndarray | None:
+def max_pool_grad(x: _Arr, y: _Arr, g: _Arr, rs: _Arr, re: _Arr, cs: _Arr,
+                  ce: _Arr) -> _Arr | None:
     """The input gradient, or None when orig_output does not match the replayed maxima."""
     x, y, g = _input(x), _input(y), _input(g)
     r_first, r_last, own_lo, own_hi = _covering(rs, re, x.shape[1])
