@@ -128,9 +128,10 @@ def threads(family: str, work: int, units: int = 2) -> int:
 
 def launch(family: str, kernel: Twins, work: int, *args: Any, units: int = 2) -> Any:
     """``kernel(*args)``: its serial twin or its parallel form, as :func:`threads` says."""
-    if threads(family, work, units) < 2:
+    policy = POLICY[family]
+    if work < policy.parallel_min or units < 2 or num_threads() < 2:  # (threads(), inlined)
         return kernel.serial(*args)
-    chunk = POLICY[family].chunk
+    chunk = policy.chunk
     if not chunk:
         return kernel.parallel(*args)
     old = numba.get_parallel_chunksize()

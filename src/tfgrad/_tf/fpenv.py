@@ -22,17 +22,34 @@ import it, and importing them must stay cheap.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .._config import X86
+
+# The compiled MXCSR access (tfgrad._tf.mxcsr), loaded with Numba on the first use.
+_FTZ_DAZ = 0
+_GET: Callable[[], int] | None = None
+_PUT: Callable[[int], None] | None = None
+
+
+def _load() -> None:
+    """Import the compiled MXCSR access and start Numba's workers (once)."""
+    global _FTZ_DAZ, _GET, _PUT
+    from .._compile import start_workers
+    from .mxcsr import FTZ_DAZ, mxcsr_get, mxcsr_put
+
+    start_workers()  # before any flushed block: new threads inherit the bits
+    _FTZ_DAZ, _GET, _PUT = FTZ_DAZ, mxcsr_get, mxcsr_put
 
 
 def flush_this_thread() -> None:
     """Set FTZ and DAZ on this thread for good (for tfgrad's own pool threads)."""
     if X86:
-        from .mxcsr import FTZ_DAZ, mxcsr_get, mxcsr_put
-
-        mxcsr_put(mxcsr_get() | FTZ_DAZ)
+        if _PUT is None:
+            _load()
+        _PUT(_GET() | _FTZ_DAZ)  # type: ignore[misc]
 
 
 class flush_denormals:  # (lower case: used as a function, ``with flush_denormals():``)
@@ -45,18 +62,14 @@ class flush_denormals:  # (lower case: used as a function, ``with flush_denormal
 
     def __enter__(self) -> None:
         if X86:
-            from .._compile import start_workers
-            from .mxcsr import FTZ_DAZ, mxcsr_get, mxcsr_put
-
-            start_workers()  # before the bits are set: new threads inherit them
-            self.old = mxcsr_get()
-            mxcsr_put(self.old | FTZ_DAZ)
+            if _PUT is None:
+                _load()
+            self.old = _GET()  # type: ignore[misc]
+            _PUT(self.old | _FTZ_DAZ)  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
         if X86:
-            from .mxcsr import mxcsr_put
-
-            mxcsr_put(self.old)
+            _PUT(self.old)  # type: ignore[misc]
 
 
 def flushed(a: np.ndarray) -> np.ndarray:
