@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
+from tfgrad._config import tf_intra_op_threads
+from tfgrad._tf import eigen
 from tfgrad.ops import batch_norm as bn
 
 raw = tfgrad.raw_ops
@@ -251,7 +253,7 @@ def _channel_axis(fmt):
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
 @pytest.mark.parametrize("shape, fmt", _FTZ_CASES)
 def test_denormals_flush_to_zero_as_tf(impl, shape, fmt):
-    """TF runs its kernels with FTZ and DAZ set (tfgrad._fpenv), Numba's worker threads
+    """TF runs its kernels with FTZ and DAZ set (tfgrad._tf.fpenv), Numba's worker threads
     included here: a denormal input reads as 0 and a denormal result becomes 0."""
     c = shape[_channel_axis(fmt)]
     ones, zeros = np.ones(c, F32), np.zeros(c, F32)
@@ -290,7 +292,7 @@ def test_grad_sum_flushed_to_minus_zero(impl, c, threads, sign, monkeypatch):
     land in the first and the untouched second, +0, is added after, so the flushed -0
     becomes +0. One block (C = 8, or one thread) or C > 32 * threads keeps -0."""
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_plan(3, c, 4, threads) == (3, False, c == 32 and threads == 2)
+    assert eigen.redux_plan(3, c, 4, threads) == (3, False, c == 32 and threads == 2)
     dy = np.zeros((1, 1, 3, c), F32)
     dy[0, 0, :, 0] = _MINUS_ZERO_COLUMN
     with tfgrad.use_impl(impl):
@@ -336,7 +338,7 @@ def test_forward_flushed_sums_kernel_equals_reference(fmt, rows, at):
 @pytest.mark.live
 def test_live_tf_flushed_zeros_and_thread_split():
     # The pinned cases above, against TF on this machine (its own thread count).
-    threads = bn.tf_thread_count()
+    threads = tf_intra_op_threads()
     for c in (8, 32, 100):
         dy = np.zeros((1, 1, 3, c), F32)
         dy[0, 0, :, 0] = _MINUS_ZERO_COLUMN
@@ -345,7 +347,7 @@ def test_live_tf_flushed_zeros_and_thread_split():
                       reserve_space_1=np.zeros(c, F32), reserve_space_2=np.ones(c, F32),
                       reserve_space_3=E, is_training=training)
             want = oracle.run_tf("FusedBatchNormGradV3", kw)
-            assert np.signbit(want[2][0]) != bn.redux_plan(3, c, 4, threads)[2]
+            assert np.signbit(want[2][0]) != eigen.redux_plan(3, c, 4, threads)[2]
             for impl in ("kernel", "reference"):
                 with tfgrad.use_impl(impl):
                     oracle.assert_outputs("FusedBatchNormGradV3",
@@ -507,7 +509,7 @@ def test_nchw_grad_sums_with_tf_thread_split_mid_image(training, monkeypatch):
     # TF's two-thread order sums the rows in two blocks; here the second starts inside
     # an image, off any 16-position boundary (the NCHW kernels walk rows image by image).
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", "2")
-    rows = bn.redux_plan(3 * 90 * 91, 16, 4, 2)[0]
+    rows = eigen.redux_plan(3 * 90 * 91, 16, 4, 2)[0]
     assert rows < 3 * 90 * 91 and rows % (90 * 91) % 16 != 0
     _kernel_vs_reference((3, 16, 90, 91), 5, training, "NCHW")
 
@@ -704,7 +706,7 @@ def test_tf_thread_split_of_grad_sums(threads, tmp_path, monkeypatch):
                   8, rng)
     (expected,) = _tf_grads_on_threads(threads, [kw], tmp_path)
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_plan(20000, 8, 4, threads) == {  # see test_redux_blocks_many_threads
+    assert eigen.redux_plan(20000, 8, 4, threads) == {  # see test_redux_blocks_many_threads
         1: (20000, False, False), 2: (10000, False, False), 3: (6667, False, False),
         16: (2500, True, True), 64: (2817, True, False)}[threads]
     for impl in ("kernel", "reference"):
@@ -756,7 +758,7 @@ def _check_split_sums(ob: np.ndarray, grouped: bool, zero_after: bool) -> None:
 def test_grouped_blocks_order_and_zero_signs(threads, r, c, rows, grouped, zero_after, fmt,
                                              impl, monkeypatch):
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert bn.redux_blocks(r, c, 4, threads)[1] == rows
+    assert eigen.redux_blocks(r, c, 4, threads)[1] == rows
     dy, x = _split_probe(r, c, rows)
     if fmt == "NCHW":
         dy, x = (np.ascontiguousarray(np.moveaxis(a, -1, 1)) for a in (dy, x))
@@ -787,18 +789,18 @@ def test_live_tf_grouped_blocks(threads, tmp_path, monkeypatch):
 
 def test_redux_plan_model():
     # One block (rows in sequence) for one thread, wide C, or little work.
-    assert bn.redux_plan(10**6, 3, 4, 1)[0] == 10**6
-    assert bn.redux_plan(10**6, 65, 4, 2)[0] == 10**6  # C > 32 * threads
-    assert bn.redux_plan(1000, 8, 4, 2)[0] == 1000  # below Eigen's parallel cost
-    assert bn.redux_plan(10**5, 8, 4, 2)[0] == 50000
-    assert bn.redux_plan(10**5, 8, 4, 4)[0] == 25000
+    assert eigen.redux_plan(10**6, 3, 4, 1)[0] == 10**6
+    assert eigen.redux_plan(10**6, 65, 4, 2)[0] == 10**6  # C > 32 * threads
+    assert eigen.redux_plan(1000, 8, 4, 2)[0] == 1000  # below Eigen's parallel cost
+    assert eigen.redux_plan(10**5, 8, 4, 2)[0] == 50000
+    assert eigen.redux_plan(10**5, 8, 4, 4)[0] == 25000
     # Two blocks that Eigen's cost model runs in one call: TF adds the empty second (+0).
-    assert bn.redux_plan(1000, 8, 4, 2) == (1000, False, True)
-    assert bn.redux_plan(10**5, 8, 4, 2) == (50000, False, False)
-    assert bn.redux_plan(10**6, 65, 4, 2) == (10**6, False, False)
-    assert bn.redux_plan(1000, 8, 4, 1) == (1000, False, False)
-    assert bn.redux_plan(3, 24, 4, 2) == (3, False, False)  # too little work for two blocks
-    json.dumps(bn.tf_thread_count())  # an int
+    assert eigen.redux_plan(1000, 8, 4, 2) == (1000, False, True)
+    assert eigen.redux_plan(10**5, 8, 4, 2) == (50000, False, False)
+    assert eigen.redux_plan(10**6, 65, 4, 2) == (10**6, False, False)
+    assert eigen.redux_plan(1000, 8, 4, 1) == (1000, False, False)
+    assert eigen.redux_plan(3, 24, 4, 2) == (3, False, False)  # too little work for two blocks
+    json.dumps(tf_intra_op_threads())  # an int
 
 
 def test_redux_blocks_many_threads():
@@ -810,42 +812,42 @@ def test_redux_blocks_many_threads():
     # int(40000 / cost)), coarsened up to twice that only while the efficiency
     # count / (ceil(count / T) * T) does not fall by more than 0.01.
     # T = 3: 6667 rows, cost 90004.5 -> int(0.44) = 0: block 1, separate calls.
-    assert bn.redux_blocks(20000, 8, 4, 3) == (3, 6667, 1)
-    assert bn.redux_plan(20000, 8, 4, 3) == (6667, False, False)
+    assert eigen.redux_blocks(20000, 8, 4, 3) == (3, 6667, 1)
+    assert eigen.redux_plan(20000, 8, 4, 3) == (6667, False, False)
     # T = 16: 1250 rows, cost 16875 -> int(2.37) = 2: 8 calls of 2 blocks (efficiency
     # 8/16; blocks of 3 give 6/16 and of 4 give 4/16, both lower). Every call leaves
     # its second buffer untouched: +0 after every partial sum, the last included.
-    assert bn.redux_blocks(20000, 8, 4, 16) == (16, 1250, 2)
-    assert bn.redux_plan(20000, 8, 4, 16) == (2500, True, True)
+    assert eigen.redux_blocks(20000, 8, 4, 16) == (16, 1250, 2)
+    assert eigen.redux_plan(20000, 8, 4, 16) == (2500, True, True)
     # T = 64: 313 rows, cost 4225.5 -> int(9.47) = 9 (count 8, efficiency 8/64; 10 gives
     # 7/64 < 8/64 - 0.01, ..., 22 > 18 = 2 * 9 stops): calls of 9 blocks = 2817 rows,
     # the 8th call is block 63 alone (rows 19719..19999), so nothing follows the last sum.
-    assert bn.redux_blocks(20000, 8, 4, 64) == (64, 313, 9)
-    assert bn.redux_plan(20000, 8, 4, 64) == (2817, True, False)
+    assert eigen.redux_blocks(20000, 8, 4, 64) == (64, 313, 9)
+    assert eigen.redux_plan(20000, 8, 4, 64) == (2817, True, False)
     # R = 2000, C = 384, T = 64: min_rows = 6, nb = 64 blocks of ceil(2000 / 64) = 32
     # rows; 63 * 32 >= 2000 leaves block 63 empty. cost = 32 * 384 * 1.6875 = 20736,
     # int(40000 / 20736) = 1: separate calls, and TF adds the empty block's +0 last.
-    assert bn.redux_blocks(2000, 384, 4, 64) == (64, 32, 1)
-    assert bn.redux_plan(2000, 384, 4, 64) == (32, False, True)
+    assert eigen.redux_blocks(2000, 384, 4, 64) == (64, 32, 1)
+    assert eigen.redux_plan(2000, 384, 4, 64) == (32, False, True)
     # Half-precision dy (offset_backprop, 2-byte loads) is cheaper: R = 20000, C = 8 on
     # 11 threads: cost = 1819 * 8 * (2 * 11/64 + 1) = 19554.25 -> int(2.05) = 2 (6 calls:
     # efficiency 6/11 > 4/11), the 6th call block 10 alone; float32 (cost 24556.5): 1.
-    assert bn.redux_blocks(20000, 8, 2, 11) == (11, 1819, 2)
-    assert bn.redux_plan(20000, 8, 2, 11) == (3638, True, False)
-    assert bn.redux_blocks(20000, 8, 4, 11) == (11, 1819, 1)
+    assert eigen.redux_blocks(20000, 8, 2, 11) == (11, 1819, 2)
+    assert eigen.redux_plan(20000, 8, 2, 11) == (3638, True, False)
+    assert eigen.redux_blocks(20000, 8, 4, 11) == (11, 1819, 1)
     # C > 32 * T: TF splits the columns, every column summed in sequence.
-    assert bn.redux_blocks(10**5, 2049, 4, 64) == (1, 10**5, 1)
-    assert bn.redux_blocks(10**5, 2048, 4, 64)[0] == 64
+    assert eigen.redux_blocks(10**5, 2049, 4, 64) == (1, 10**5, 1)
+    assert eigen.redux_blocks(10**5, 2048, 4, 64)[0] == 64
 
 
 def test_parallel_for_block_model():
     # One call of everything when Eigen's cost model wants one thread: 3 items of
     # 30000 cycles give int((90000 - 1e5) / 1e5 + 0.9) = int(0.8) -> 1.
-    assert bn.eigen_num_threads(3, 30000.0, 8) == 1
-    assert bn.parallel_for_block(3, 30000.0, 8) == 3
-    assert bn.eigen_num_threads(3, 40000.0, 8) == 1  # int(1.1)
-    assert bn.eigen_num_threads(3, 80000.0, 8) == 2  # int(2.3)
-    assert bn.parallel_for_block(3, 80000.0, 8) == 1  # int(40000 / 80000) = 0 -> 1
+    assert eigen.num_threads(3, 30000.0, 8) == 1
+    assert eigen.parallel_for_block(3, 30000.0, 8) == 3
+    assert eigen.num_threads(3, 40000.0, 8) == 1  # int(1.1)
+    assert eigen.num_threads(3, 80000.0, 8) == 2  # int(2.3)
+    assert eigen.parallel_for_block(3, 80000.0, 8) == 1  # int(40000 / 80000) = 0 -> 1
     # Several items a call needs int(40000 / cost) >= 2, i.e. cost <= 20000, while
     # n * cost >= 2.1e5 for two threads: n >= 11 items, so at most 10 threads never
     # group (n <= threads here, so ceil(n / (4T)) = 1 and the efficiency n / T cannot
@@ -853,10 +855,10 @@ def test_parallel_for_block_model():
     for threads in range(2, 11):
         for n in range(2, threads + 1):
             for cost in (1500.0, 5000.0, 20000.0, 20001.0, 40000.0, 10**6):
-                assert bn.parallel_for_block(n, cost, threads) in (1, n)
-    assert bn.parallel_for_block(11, 20000.0, 11) == 2  # int((220000 - 1e5)/1e5 + .9) = 2
+                assert eigen.parallel_for_block(n, cost, threads) in (1, n)
+    assert eigen.parallel_for_block(11, 20000.0, 11) == 2  # int((220000 - 1e5)/1e5 + .9) = 2
     # With 100+ threads the efficiency steps (1/T) are under 0.01 and coarsening is taken:
     # n = 200, cost 3999: block int(10.0025) = 10, count 20 (efficiency 20/200); block 11
     # gives count 19, 0.095 + 0.01 >= 0.1: taken; 12 gives 17, 0.085 + 0.01 < 0.1; ...;
     # ceil(200 / 9) = 23 > 2 * 10 stops.
-    assert bn.parallel_for_block(200, 3999.0, 200) == 11
+    assert eigen.parallel_for_block(200, 3999.0, 200) == 11

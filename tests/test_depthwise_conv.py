@@ -334,7 +334,7 @@ def test_half_rounds_after_every_tap():
 @pytest.mark.parametrize("impl", ["kernel", "reference"])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_denormals_flush_to_zero_as_tf(impl, dt):
-    """TF runs its kernels with FTZ and DAZ set (tfgrad._fpenv): a denormal product
+    """TF runs its kernels with FTZ and DAZ set (tfgrad._tf.fpenv): a denormal product
     becomes 0, a denormal input reads as 0; the caller's environment is left alone."""
     tiny = dt(1e-20 if dt == np.float32 else 1e-160)  # tiny * tiny is denormal
     sub = dt(1e-39 if dt == np.float32 else 1e-310)  # a denormal input

@@ -29,6 +29,7 @@ import tfgrad
 from tests import oracle
 from tests.cases.fake_quant import gradients, values
 from tfgrad import raw_ops
+from tfgrad._tf import eigen
 from tfgrad.ops import fake_quant as fq
 
 F32 = np.float32
@@ -272,7 +273,7 @@ def test_eigen_order_is_not_sequential_nor_pairwise():
     g = gradients(rng, (20011,), special=False)
     x = np.full(g.shape, 5, F32)
     out = both(VARS_G, gradients=g, inputs=x, min=F32(-1), max=F32(1))
-    assert out.backprop_wrt_max == fq.eigen_sum(g)
+    assert out.backprop_wrt_max == eigen.full_sum(g)
     assert out.backprop_wrt_max != sequential_sum(g)
     assert out.backprop_wrt_max != np.sum(g)
     check_tf(VARS_G, out, gradients=g, inputs=x, min=F32(-1), max=F32(1))
@@ -281,23 +282,23 @@ def test_eigen_order_is_not_sequential_nor_pairwise():
 def test_eigen_split_points():
     # Leaves of at most 8192 values; splits half way, rounded up to a packet of 8 from
     # the tensor's start (not the range's).
-    assert fq.eigen_split(0, 8193) == 4104
-    assert fq.eigen_split(4104, 4089) == 6152
-    prog, starts, top, _, _ = fq.reduction_plan(20000, 1, fq.COST_FLAT)
-    leaves = [(int(f), int(m)) for op, f, m in prog if op == fq.OP_LEAF]
+    assert eigen.split(0, 8193) == 4104
+    assert eigen.split(4104, 4089) == 6152
+    prog, starts, top, _, _ = eigen.reduction_plan(20000, 1, fq.COST_FLAT)
+    leaves = [(int(f), int(m)) for op, f, m in prog if op == eigen.OP_LEAF]
     assert sum(m for _, m in leaves) == 20000
-    assert all(m <= fq.LEAF and f % 8 == 0 for f, m in leaves)
+    assert all(m <= eigen.LEAF and f % 8 == 0 for f, m in leaves)
 
 
 def test_shard_model():
     # TF's cost model: 2 threads from 50150 values (flat) / 44800 (per channel).
-    assert fq.tf_shards(50149, fq.COST_FLAT, 2) == 1
-    assert fq.tf_shards(50150, fq.COST_FLAT, 2) == 2
-    assert fq.tf_shards(44799, fq.COST_CHIP, 16) == 1
-    assert fq.tf_shards(80000, fq.COST_FLAT, 16) == 3
-    assert fq.tf_shards(10**6, fq.COST_FLAT, 16) == 16
-    assert fq.tf_shards(10**6, fq.COST_FLAT, 1) == 1
-    blocks, rest = fq.eigen_shards(80001, 3)
+    assert eigen.num_threads(50149, fq.COST_FLAT, 2) == 1
+    assert eigen.num_threads(50150, fq.COST_FLAT, 2) == 2
+    assert eigen.num_threads(44799, fq.COST_CHIP, 16) == 1
+    assert eigen.num_threads(80000, fq.COST_FLAT, 16) == 3
+    assert eigen.num_threads(10**6, fq.COST_FLAT, 16) == 16
+    assert eigen.num_threads(10**6, fq.COST_FLAT, 1) == 1
+    blocks, rest = eigen.shards(80001, 3)
     assert blocks == [(0, 26667), (26667, 26667), (53334, 26667)] and rest is None
 
 
@@ -342,8 +343,8 @@ def test_sums_match_tf_thread_pool_shards(threads, tmp_path, monkeypatch):
     assert res.returncode == 0, res.stderr[-2000:]
     (tmin, tmax), (pmin, pmax) = json.loads(res.stdout.strip().splitlines()[-1])
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
-    assert fq.tf_shards(n, fq.COST_FLAT, threads) == min(threads, 8)
-    assert fq.tf_shards(n // 3, fq.COST_CHIP, threads) == min(threads, 3)
+    assert eigen.num_threads(n, fq.COST_FLAT, threads) == min(threads, 8)
+    assert eigen.num_threads(n // 3, fq.COST_CHIP, threads) == min(threads, 3)
     for impl in IMPLS if threads == 3 else ("kernel",):  # the reference is slow here
         out = run(VARS_G, impl, gradients=g, inputs=x, min=lo, max=hi)
         assert (float(out.backprop_wrt_min), float(out.backprop_wrt_max)) == (tmin, tmax), impl
@@ -359,19 +360,19 @@ def test_shard_model_many_threads():
     # n = 288956 (12.0000325; 288955 gives 11.99999), 64 from 1530747 (64.00003;
     # 1530746: 63.99999). PerChannel (75/16 a row): 12 from 258134, 64 from 1367467.
     for n, k in ((288955, 11), (288956, 12), (1530746, 63), (1530747, 64)):
-        assert fq.tf_shards(n, fq.COST_FLAT, 64) == k
+        assert eigen.num_threads(n, fq.COST_FLAT, 64) == k
     for n, k in ((258133, 11), (258134, 12), (1367466, 63), (1367467, 64)):
-        assert fq.tf_shards(n, fq.COST_CHIP, 64) == k
-    assert fq.tf_shards(1530747, fq.COST_FLAT, 32) == 32  # capped at TF's count
+        assert eigen.num_threads(n, fq.COST_CHIP, 64) == k
+    assert eigen.num_threads(1530747, fq.COST_FLAT, 32) == 32  # capped at TF's count
     # FullReducer's blocks: blocksize = n // threads, n // blocksize of them, what is left
     # summed first (on the calling thread): 1530747 values on 64 threads are 64 blocks of
     # 23917 and 59 left from 1530688; on 63, 63 blocks of 24297 and 35 left.
-    blocks, rest = fq.eigen_shards(1530747, 64)
+    blocks, rest = eigen.shards(1530747, 64)
     assert (len(blocks), blocks[1], rest) == (64, (23917, 23917), (1530688, 59))
-    blocks, rest = fq.eigen_shards(1530746, 63)
+    blocks, rest = eigen.shards(1530746, 63)
     assert (len(blocks), blocks[-1], rest) == (63, (1506414, 24297), (1530711, 35))
     # More blocks than threads where n < threads**2: 11 values on 4 -> 5 blocks of 2, 1 left.
-    assert fq.eigen_shards(11, 4) == ([(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)], (10, 1))
+    assert eigen.shards(11, 4) == ([(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)], (10, 1))
 
 
 _TF_THRESHOLD_SCRIPT = _TF_PREAMBLE + r"""
@@ -414,7 +415,7 @@ def test_sums_at_tf_shard_thresholds(threads, tmp_path, monkeypatch):
     monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
     # T - 1 and T blocks sum the same data differently: the sizes tell the splits apart.
     g = data[1]
-    assert fq.eigen_sharded_sum(g, threads) != fq.eigen_sharded_sum(g, threads - 1)
+    assert eigen.sharded_sum(g, threads) != eigen.sharded_sum(g, threads - 1)
     for g, expected in zip(data, want):
         one = np.ones(g.shape[1:], F32)
         op = VARS_G if g.ndim == 1 else PC_G

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
-from tfgrad.kernels import fractional_pool as fpk
+from tfgrad.dispatch import fractional_pool as fpk
 from tfgrad.ops import fractional_pool as fp
 
 raw = tfgrad.raw_ops
@@ -142,11 +142,11 @@ def test_nondeterministic_draws_fresh_seeds_every_call():
 
 def test_zero_seed_cache_is_per_attr_set():
     key = ("FractionalMaxPool", np.dtype(F32), (1.0, 1.5, 1.5, 1.0), False, False)
-    a = fp._seeds(*key, True, 0, 0)
-    assert fp._seeds(*key, True, 0, 0) == a
-    b = fp._seeds("FractionalAvgPool", *key[1:], True, 0, 0)
+    a = fp.seeds(*key, True, 0, 0)
+    assert fp.seeds(*key, True, 0, 0) == a
+    b = fp.seeds("FractionalAvgPool", *key[1:], True, 0, 0)
     assert b != a  # another kernel draws its own pair (2**-128 chance of a clash)
-    assert fp._seeds(*key, True, 3, 4) == (3, 4)
+    assert fp.seeds(*key, True, 3, 4) == (3, 4)
 
 
 # --------------------------------------------------------------------------------------
@@ -156,13 +156,11 @@ def test_documented_example_forward():
     # TF's FractionalAvgPool doc: values [20, 5, 16, 3, 7], sequence [0, 2, 4],
     # overlapping: 16 is used twice, the result is [41/3, 26/3].
     x = np.array([20, 5, 16, 3, 7], F64).reshape(1, 1, 5, 1)
-    rs, re = fp._cells(np.array([0, 1]), 1, 1, True)
-    cs, ce = fp._cells(np.array([0, 2, 4]), 2, 5, True)
+    rs, re = fp.cell_bounds(np.array([0, 1]), 1, 1, True)
+    cs, ce = fp.cell_bounds(np.array([0, 2, 4]), 2, 5, True)
     assert cs.tolist() == [0, 2] and ce.tolist() == [2, 4]
     ref = fp._avg_pool_reference(x, rs, re, cs, ce)
-    from tfgrad.kernels import fractional_pool as K
-
-    ker = K.avg_pool(x, rs, re, cs, ce)
+    ker = fpk.avg_pool(x, rs, re, cs, ce)
     for out in (ref, ker):
         assert out.ravel().tolist() == [41 / 3, 26 / 3]
 
@@ -398,7 +396,8 @@ def test_kernel_equals_reference_on_generated_sequences(p):
     n, h, w, c, dt, ov, rows, mr, cols, mc, seed = p
     x, g = _arrays(n, h, w, c, dt, mr, mc, seed)
     with tfgrad.use_impl("reference"):
-        y = fp._max_pool_reference(x, *fp._cells(rows, mr, h, ov), *fp._cells(cols, mc, w, ov))
+        y = fp._max_pool_reference(x, *fp.cell_bounds(rows, mr, h, ov),
+                                   *fp.cell_bounds(cols, mc, w, ov))
     kw = dict(row_pooling_sequence=rows, col_pooling_sequence=cols, overlapping=ov)
     if rows.size * cols.size <= x.size:  # else TF's (and tfgrad's) region-size check fails
         a, b = _both(lambda: raw.FractionalMaxPoolGrad(orig_input=x, orig_output=y,

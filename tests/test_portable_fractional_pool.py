@@ -90,8 +90,8 @@ def _fresh(case: Any, seed: int) -> dict[str, Any]:
     if case.op == "FractionalMaxPoolGrad":
         x = kw["orig_input"] = shuffle(base["orig_input"])
         rows, cols, y = kw["row_pooling_sequence"], kw["col_pooling_sequence"], kw["orig_output"]
-        rs, re = fp._cells(rows, y.shape[1], x.shape[1], kw["overlapping"])
-        cs, ce = fp._cells(cols, y.shape[2], x.shape[2], kw["overlapping"])
+        rs, re = fp.cell_bounds(rows, y.shape[1], x.shape[1], kw["overlapping"])
+        cs, ce = fp.cell_bounds(cols, y.shape[2], x.shape[2], kw["overlapping"])
         kw["orig_output"] = fp._max_pool_reference(x, rs, re, cs, ce)
     return kw
 
@@ -392,8 +392,8 @@ def test_avg_grad_is_linear_with_the_averaging_adjoint(framework: str,
     rows, cols = fp.pooling_sequences(shape, (1.0, 1.44, 1.73, 1.0), True, 4, 5)
     g = rng.standard_normal((2, rows.size - 1, cols.size - 1, 3))
     u = rng.standard_normal(shape)
-    rs, re = fp._cells(rows, rows.size - 1, shape[1], overlapping)
-    cs, ce = fp._cells(cols, cols.size - 1, shape[2], overlapping)
+    rs, re = fp.cell_bounds(rows, rows.size - 1, shape[1], overlapping)
+    cs, ce = fp.cell_bounds(cols, cols.size - 1, shape[2], overlapping)
     want = np.zeros(g.shape)
     for i in range(rs.size):
         for j in range(cs.size):
@@ -432,8 +432,8 @@ def test_torch_nondeterministic_draws_valid_fresh_sequences() -> None:
             overlapping=False, deterministic=False, seed=0, seed2=0)
         r, c = rows.numpy(), cols.numpy()
         seqs.add((tuple(r), tuple(c)))
-        rs, re = fp._cells(r, r.size - 1, 30, False)
-        cs, ce = fp._cells(c, c.size - 1, 30, False)
+        rs, re = fp.cell_bounds(r, r.size - 1, 30, False)
+        cs, ce = fp.cell_bounds(c, c.size - 1, 30, False)
         assert bit_identical(out.numpy(), fp._max_pool_reference(x.numpy(), rs, re, cs, ce))
     assert len(seqs) > 1
 

@@ -5,7 +5,7 @@
 TF's Eigen full reducer splits a sum across its intra-op threads when its cost model
 says so: threads = int((n * cost - 1e5) / 1e5 + 0.9). With 2 threads the split starts
 where n * cost >= 2.1e5. This script finds that n by bisection (comparing TF's sum with
-the 1- and 2-shard models of tfgrad.ops.fake_quant) for the Vars gradient (a flat sum)
+the 1- and 2-shard models of tfgrad._tf.eigen) for the Vars gradient (a flat sum)
 and the PerChannel gradient (a sum over a matrix chip), and prints the implied cost per
 value. TF 2.21 gives n = 50150 and n = 44801 (44800, a multiple of 16, sums the same
 either way), consistent with costs of exactly 67/16 and 75/16 per value (thresholds 50150
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import numpy as np  # noqa: E402
 
-from tfgrad.ops.fake_quant import eigen_sharded_sum  # noqa: E402
+from tfgrad._tf.eigen import sharded_sum  # noqa: E402
 
 F32 = np.float32
 
@@ -43,7 +43,7 @@ def shards_used(tf, n: int, chip: bool, rng: np.random.Generator) -> set[int]:
             out = tf.raw_ops.FakeQuantWithMinMaxVarsGradient(
                 gradients=g, inputs=np.full(n, 5, F32), min=F32(-1), max=F32(1))
             got = out[2].numpy()
-        fits &= {k for k in (1, 2) if eigen_sharded_sum(g, k) == got}
+        fits &= {k for k in (1, 2) if sharded_sum(g, k) == got}
     return fits
 
 

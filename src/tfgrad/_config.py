@@ -1,5 +1,5 @@
 """Process-wide switches: which implementation runs (kernel or reference); what the
-machine is (TF's thread count, the processor's name)."""
+machine is (x86 or not, TF's thread count, the processor's name)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import contextvars
 import os
 import platform
 from collections.abc import Iterator
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+"""Whether this is an x86-64 processor (MXCSR, ``rsqrtps``, ``pause``)."""
 
 _IMPL: contextvars.ContextVar[str] = contextvars.ContextVar("tfgrad_impl", default="kernel")
 

@@ -30,14 +30,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._fpenv import X86, flush_this_thread
+from .._compile import inline, jit
+from .._config import X86
+from .._tf.fpenv import flush_this_thread
 
 WAIT_US = 300.0
 """How long the calling thread spins for the other threads' last chunks (a few chunks'
@@ -106,7 +107,7 @@ def _cycles(typingctx):  # type: ignore[no-untyped-def]
     return types.int64(), codegen
 
 
-@numba.njit(inline="always")
+@inline
 def claim(ctl, size, ntasks, cur):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Count this thread's last chunk, tasks [cur[0], cur[1]), as done in ctl[1]; claim
     the next one into cur (ctl[0] counts the chunks claimed); whether there was one.
@@ -120,7 +121,7 @@ def claim(ctl, size, ntasks, cur):  # type: ignore[no-untyped-def]  # pragma: no
     return t0 < ntasks
 
 
-@numba.njit(nogil=True, cache=True)
+@jit(nogil=True)
 def _spin(ctl, i, target, ticks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Spin while ctl[i] < target, for at most ``ticks`` of the cycle counter; whether
     ctl[i] got there."""
@@ -132,24 +133,7 @@ def _spin(ctl, i, target, ticks):  # type: ignore[no-untyped-def]  # pragma: no 
     return True
 
 
-_GET_NUM_THREADS: Callable[[], int] | None = None
-
-
-def num_threads() -> int:
-    """numba.get_num_threads() (this thread's setting) without the check that Numba's
-    threads are launched on every call, which is slow with the caches cold after an op:
-    the check runs once, then the threading layer's own getter is called. (Every
-    family's kernels read their thread count here.)"""
-    global _GET_NUM_THREADS
-    if _GET_NUM_THREADS is None:
-        numba.get_num_threads()  # (launches the threads)
-        from numba.np.ufunc import parallel
-
-        _GET_NUM_THREADS = getattr(parallel, "_get_num_threads", numba.get_num_threads)
-    return _GET_NUM_THREADS()
-
-
-@numba.njit(cache=True)
+@jit
 def _cycles_now():  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     return _cycles()
 
@@ -194,7 +178,7 @@ class _Pool:
                              daemon=True).start()
 
     def _serve(self) -> None:
-        flush_this_thread()  # TF's flushed-denormal environment, once (see _fpenv)
+        flush_this_thread()  # TF's flushed-denormal environment, once (see _tf.fpenv)
         seen = 0
         while True:
             with self.cv:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .._fpenv import X86
+from .._compile import inline
 
 
 class Vec(types.Type):
@@ -345,7 +344,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 
-@numba.njit(inline="always")
+@inline
 def aligned_scratch(n, like):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Compiled code's aligned_empty: n uninitialised values of like's dtype (1-D, C
     layout) on a 64-byte boundary. A kernel's scratch rows read by whole vectors must
@@ -371,7 +370,7 @@ def stream_output(shape: tuple[int, ...], dtype: np.dtype,
     return out, True
 
 
-@numba.njit(inline="always")
+@inline
 def vput(arr, i, v, stream):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """vstore, or vstore_nt when ``stream``: a constant of the calling kernel (a factory's
     argument), so each compiled variant keeps only its own store.
@@ -553,84 +552,7 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     return types.none(arr, i), codegen
 
 
-# TF's floating-point environment (see tfgrad._fpenv): MXCSR read and written from
-# compiled code, so that a parallel kernel's body can run with FTZ / DAZ on Numba's
-# worker threads and leave them as it found them.
-FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) and bit 6 (denormals are zero)
-
-
-def _mxcsr_call(builder, name, slot):  # type: ignore[no-untyped-def]
-    i8p = ir.IntType(8).as_pointer()
-    fn = cgutils.get_or_insert_function(builder.module,
-                                        ir.FunctionType(ir.VoidType(), [i8p]), name)
-    builder.call(fn, [builder.bitcast(slot, i8p)])
-
-
-@intrinsic
-def _stmxcsr(typingctx):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        slot = cgutils.alloca_once(builder, ir.IntType(32))
-        _mxcsr_call(builder, "llvm.x86.sse.stmxcsr", slot)
-        return builder.zext(builder.load(slot), ir.IntType(64))
-
-    return types.int64(), codegen
-
-
-@intrinsic
-def _ldmxcsr(typingctx, v):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        slot = cgutils.alloca_once(builder, ir.IntType(32))
-        builder.store(builder.trunc(args[0], ir.IntType(32)), slot)
-        _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", slot)
-        return context.get_dummy_value()
-
-    return types.none(types.int64), codegen
-
-
-if X86:
-
-    @numba.njit(inline="always")
-    def ftz_enter():  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        """Set FTZ and DAZ on this thread; returns the MXCSR to give ftz_exit."""
-        old = _stmxcsr()
-        _ldmxcsr(old | FTZ_DAZ)
-        return old
-
-    @numba.njit(inline="always")
-    def ftz_exit(old):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-        _ldmxcsr(old)
-
-    @numba.njit(cache=True)
-    def mxcsr_get() -> int:  # pragma: no cover - compiled
-        return _stmxcsr()
-
-    @numba.njit(cache=True)
-    def mxcsr_put(v: int) -> None:  # pragma: no cover - compiled
-        _ldmxcsr(v)
-
-    @numba.njit(parallel=True, cache=True)
-    def touch_workers(n: int) -> int:  # pragma: no cover - compiled
-        """A parallel loop of n iterations (starts Numba's worker threads)."""
-        s = 0
-        for i in numba.prange(n):
-            s += i
-        return s
-
-else:  # pragma: no cover - elsewhere the default environment (see tfgrad._fpenv)
-
-    @numba.njit(inline="always")
-    def ftz_enter():  # type: ignore[no-untyped-def]
-        return 0
-
-    @numba.njit(inline="always")
-    def ftz_exit(old):  # type: ignore[no-untyped-def]
-        pass
-
-    mxcsr_get = mxcsr_put = touch_workers = None  # type: ignore[assignment]
-
-
-__all__ = ["FTZ_DAZ", "Vec", "flush_denormal", "ftz_enter", "ftz_exit", "mxcsr_get", "mxcsr_put",
-           "nlanes", "prefetch", "touch_workers", "vadd", "vany_ne", "vdiv", "vfull",
+__all__ = ["Vec", "flush_denormal", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull",
            "vhas_negzero", "vload", "vload_dup2", "vmax_keep", "vmin_bits", "vmul", "vmuladd",
            "vput", "vstore", "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
            "vzeros_opaque", "zero_opaque"]

@@ -86,8 +86,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from .._compile import num_threads
 from ..ops.depthwise_conv import gap_turns_plus
-from ._pool import claim, num_threads
+from ._pool import claim
 from ._pool import run as _pool_run
 from ._simd import (
     HOST_AVX512,

@@ -7,23 +7,24 @@ every partial sum. (The other forward intermediates cannot become denormal, or o
 ever meet ``+ 0.5``, which absorbs them; the reference flushes everything and the tests
 hold the two equal.)
 
-The per-channel sums follow Eigen's reduction tree (``ops.fake_quant.reduction_plan``):
+The per-channel sums follow Eigen's reduction tree (``tfgrad._tf.eigen.reduction_plan``):
 the tree is cut into subtrees, each a postfix program of leaves and combines; a task is
 (subtree, block of channels), so threads never share a sum and the order of every
 addition is fixed by the data's shape alone. A leaf walks its rows in order, adding row
 ``i`` of each channel into lane ``(i - first) % 32`` of that channel's four 8-lane
 accumulators, exactly as Eigen's packet loop does on the strided column.
+
+The entry points are ``Twins`` (``tfgrad._compile``): ``tfgrad.dispatch.fake_quant``
+launches them serial or parallel.
 """
 
 from __future__ import annotations
 
-import types
-from collections.abc import Callable
-from typing import Any
-
-import numba
 import numpy as np
 from numba import prange
+
+from .._compile import Twins, inline, jit
+from .._tf.eigen import OP_COMBINE, OP_LEAF, OP_TASK, OP_ZERO
 
 F32 = np.float32
 _FLT_MIN = np.float32(2.0**-126)
@@ -34,48 +35,15 @@ _CHUNK = 1 << 15  # elements per parallel chunk of the elementwise kernels
 # signed index it cannot prove >= 0 (an offset plus a loop counter), which stops LLVM
 # from vectorizing the loop.
 _U = np.uint64
-_OP_LEAF = 0
-_OP_COMBINE = 1
-_OP_TASK = 2
-_OP_ADD = 3
-_OP_ZERO = 4
 
 
-_PARALLEL_MIN = 1 << 15  # elements below which a kernel runs on the calling thread
-
-
-class _Kernel:
-    """A kernel compiled lazily twice: parallel for big inputs, serial for small ones
-    (where waking the thread pool costs more than the work)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.__doc__ = fn.__doc__
-        self._parallel: Any = None
-        self._serial: Any = None
-
-    def __call__(self, size: int, *args: Any) -> Any:
-        if size >= _PARALLEL_MIN:
-            if self._parallel is None:
-                self._parallel = numba.njit(parallel=True, cache=True,
-                                            error_model="numpy")(self.fn)
-            return self._parallel(*args)
-        if self._serial is None:
-            # A renamed copy of the function, so that the two have separate cache files.
-            fn = types.FunctionType(self.fn.__code__, self.fn.__globals__,
-                                    self.fn.__name__ + "_serial")
-            fn.__qualname__ = self.fn.__qualname__ + "_serial"
-            self._serial = numba.njit(cache=True, error_model="numpy")(fn)
-        return self._serial(*args)
-
-
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _ftz(v):
     # FTZ/DAZ: a denormal becomes a zero of the same sign; NaN and inf pass.
     return v if abs(v) >= _FLT_MIN else v * _ZERO
 
 
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _quant(x, nmin, nmax, scale, inv, qz, divide):
     c = _ftz(x)
     if nmax < c:  # std::min(c, nmax); NaN stays NaN
@@ -90,7 +58,8 @@ def _quant(x, nmin, nmax, scale, inv, qz, divide):
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
-def _quantize_flat(x, nmin, nmax, scale, inv, qz, divide, out):
+@Twins
+def quantize_flat(x, nmin, nmax, scale, inv, qz, divide, out):
     """out = fake-quant(x) with one range; ``divide``: Vars (t = shifted / scale)."""
     lo_, hi_, s_, i_, z_ = F32(nmin), F32(nmax), F32(scale), F32(inv), F32(qz)
     n = x.size
@@ -107,7 +76,8 @@ def _quantize_flat(x, nmin, nmax, scale, inv, qz, divide, out):
                 out[i] = _quant(x[i], lo_, hi_, s_, i_, z_, False)
 
 
-def _quantize_channels(x, nmin, nmax, scale, inv, qz, out):
+@Twins
+def quantize_channels(x, nmin, nmax, scale, inv, qz, out):
     """out[i, c] = fake-quant(x[i, c]) with channel c's range (PerChannel multiplies)."""
     n, d = x.shape
     rows = max(1, _CHUNK // max(d, 1))
@@ -122,7 +92,8 @@ def _quantize_channels(x, nmin, nmax, scale, inv, qz, out):
 # --------------------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------------------
-def _mask_gradient(g, x, nmin, nmax, dx):
+@Twins
+def mask_gradient(g, x, nmin, nmax, dx):
     """dx = g * [nmin <= x <= nmax] (Args gradient: no sums)."""
     lo_, hi_ = F32(nmin), F32(nmax)
     n = x.size
@@ -136,7 +107,7 @@ def _mask_gradient(g, x, nmin, nmax, dx):
             dx[i] = gi if (xi >= lo_ and xi <= hi_) else gi * _ZERO
 
 
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _hsum(acc, k, c):
     # Eigen's predux of lanes acc[k, 0:8, c]: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
     b0 = _ftz(acc[k, 0, c] + acc[k, 4, c])
@@ -146,7 +117,7 @@ def _hsum(acc, k, c):
     return _ftz(_ftz(b0 + b2) + _ftz(b1 + b3))
 
 
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _fold(acc, w):
     # paccum += paccum1; paccum += paccum2; paccum += paccum3 (lanes 8-31 into 0-7).
     for k in range(2):
@@ -156,7 +127,7 @@ def _fold(acc, w):
                     acc[k, lane, c] = _ftz(acc[k, lane, c] + acc[k, 8 * q + lane, c])
 
 
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _row(g, x, lo, hi, i, c0, w, acc, slot, dx):
     # One row of a channel block: dx, and g * mask into accumulator row ``slot``.
     for c in range(w):
@@ -169,7 +140,7 @@ def _row(g, x, lo, hi, i, c0, w, acc, slot, dx):
         acc[1, slot, c] = _ftz(acc[1, slot, c] + (gi if xi > hi[c] else z))
 
 
-@numba.njit(cache=True, error_model="numpy")
+@jit
 def _subtree(g, x, nmin, nmax, prog, p0, p1, c0, c1, depth, dx, out):
     """Run subtree program prog[p0:p1] on channels [c0, c1); out[k, c]: its sums."""
     w = c1 - c0
@@ -181,7 +152,7 @@ def _subtree(g, x, nmin, nmax, prog, p0, p1, c0, c1, depth, dx, out):
     stack = np.empty((depth, 2, w), F32)
     sp = 0
     for op in range(p0, p1):
-        if prog[op, 0] == _OP_LEAF:
+        if prog[op, 0] == OP_LEAF:
             first = prog[op, 1]
             m = prog[op, 2]
             n4 = (m // 32) * 32
@@ -209,7 +180,7 @@ def _subtree(g, x, nmin, nmax, prog, p0, p1, c0, c1, depth, dx, out):
             out[k, c0 + c] = stack[0, k, c]
 
 
-@numba.njit(cache=True, error_model="numpy")
+@jit
 def _combine_top(res, top, depth, dmin, dmax):
     """Combine the subtrees' results res[t, k, :] in the order of the tree above them."""
     d = res.shape[2]
@@ -217,10 +188,10 @@ def _combine_top(res, top, depth, dmin, dmax):
     sp = 0
     for op in range(top.shape[0]):
         code = top[op, 0]
-        if code == _OP_TASK:
+        if code == OP_TASK:
             stack[sp] = res[top[op, 1]]
             sp += 1
-        elif code == _OP_ZERO:
+        elif code == OP_ZERO:
             stack[sp] = 0
             sp += 1
         else:  # a tree node: (0 + left) + right; or the shards' sum: left + right
@@ -228,14 +199,15 @@ def _combine_top(res, top, depth, dmin, dmax):
             for k in range(2):
                 for c in range(d):
                     left = stack[sp - 1, k, c]
-                    if code == _OP_COMBINE:
+                    if code == OP_COMBINE:
                         left = _ftz(_ZERO + left)
                     stack[sp - 1, k, c] = _ftz(left + stack[sp, k, c])
     dmin[:] = stack[0, 0]
     dmax[:] = stack[0, 1]
 
 
-def _gradient_channels(g, x, nmin, nmax, prog, starts, top, width, depth, dx, dmin, dmax):
+@Twins
+def gradient_channels(g, x, nmin, nmax, prog, starts, top, width, depth, dx, dmin, dmax):
     """PerChannel gradient on [N, d] rows: dx, and dmin/dmax[d] in Eigen's order."""
     d = x.shape[1]
     nsub = starts.size - 1
@@ -249,7 +221,7 @@ def _gradient_channels(g, x, nmin, nmax, prog, starts, top, width, depth, dx, dm
     _combine_top(res, top, depth, dmin, dmax)
 
 
-@numba.njit(inline="always", error_model="numpy")
+@inline
 def _masks(g, x, lo, hi, i, dx):
     # dx[i] = g * [lo <= x <= hi]; returns g * [x < lo] and g * [x > hi].
     gi = _ftz(g[i])
@@ -259,14 +231,14 @@ def _masks(g, x, lo, hi, i, dx):
     return (gi if xi < lo else z), (gi if xi > hi else z)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@jit
 def _subtree_flat(g, x, lo, hi, prog, p0, p1, depth, dx, out):
     """Flat (one range) version of _subtree: the 32 lanes run over consecutive values."""
     acc = np.empty((2, 32), F32)
     stack = np.empty((depth, 2), F32)
     sp = 0
     for op in range(p0, p1):
-        if prog[op, 0] == _OP_LEAF:
+        if prog[op, 0] == OP_LEAF:
             first = prog[op, 1]
             m = prog[op, 2]
             n4 = (m // 32) * 32
@@ -309,7 +281,8 @@ def _subtree_flat(g, x, lo, hi, prog, p0, p1, depth, dx, out):
     out[1, 0] = stack[0, 1]
 
 
-def _gradient_flat(g, x, nmin, nmax, prog, starts, top, width, depth, dx, sums):
+@Twins
+def gradient_flat(g, x, nmin, nmax, prog, starts, top, width, depth, dx, sums):
     """Vars gradient: dx, and sums[0] = dmin, sums[1] = dmax in Eigen's order."""
     lo, hi = F32(nmin), F32(nmax)
     nsub = starts.size - 1
@@ -321,11 +294,3 @@ def _gradient_flat(g, x, nmin, nmax, prog, starts, top, width, depth, dx, sums):
     _combine_top(res, top, depth, dmin, dmax)
     sums[0] = dmin[0]
     sums[1] = dmax[0]
-
-
-# Entry points: kernel(size, *args), size = the number of elements (serial below 32768).
-quantize_flat = _Kernel(_quantize_flat)
-quantize_channels = _Kernel(_quantize_channels)
-mask_gradient = _Kernel(_mask_gradient)
-gradient_channels = _Kernel(_gradient_channels)
-gradient_flat = _Kernel(_gradient_flat)

@@ -4,28 +4,22 @@ Cells arrive as start/end (inclusive, clamped) index arrays that ``tfgrad.ops.
 fractional_pool`` has validated: every index a kernel touches lies inside its arrays.
 Each output element is owned by exactly one loop iteration and is computed in TF's order,
 so the results do not depend on the thread count. Each parallel loop body runs with TF's
-FTZ / DAZ (``ftz_enter`` / ``ftz_exit``, see ``tfgrad._fpenv``); the op sets them on the
-calling thread.
+FTZ / DAZ (``ftz_enter`` / ``ftz_exit``, see ``tfgrad._tf.fpenv``); the op sets them on the
+calling thread. The threaded kernels are ``tfgrad._compile.Twins``, run by
+``tfgrad.dispatch.fractional_pool``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-import numba
 import numpy as np
 from numba import prange
 
-from ._pool import num_threads
+from .._compile import Twins, inline, jit
+from .._tf.mxcsr import ftz_enter, ftz_exit
 from ._simd import (
-    STREAM_MIN_BYTES,
     flush_denormal,
-    ftz_enter,
-    ftz_exit,
     nlanes,
     prefetch,
-    stream_output,
     vadd,
     vany_ne,
     vdiv,
@@ -39,30 +33,9 @@ from ._simd import (
     vzeros,
 )
 
-_PARALLEL_MIN = 1 << 16
-"""Below this many elements touched, one thread: a parallel launch costs more."""
 
-_STREAM_MIN_BYTES = STREAM_MIN_BYTES
-"""Forward outputs this big are written with non-temporal stores (they would mostly
-leave the caches before use anyway, and skipping the read-for-ownership saves a fifth
-of the op's memory traffic), and their inputs prefetched a row cell ahead."""
-
-
-@contextlib.contextmanager
-def _threads(work: int) -> Iterator[None]:
-    if work >= _PARALLEL_MIN:
-        yield
-        return
-    prev = num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(prev)
-
-
-@numba.njit(cache=True)
-def _philox(c0, c1, c2, c3, k0, k1, blocks, out):  # pragma: no cover - compiled
+@jit
+def philox(c0, c1, c2, c3, k0, k1, blocks, out):  # pragma: no cover - compiled
     """Philox4x32-10 outputs for ``blocks`` consecutive 128-bit counters (lanes c0..c3,
     c0 lowest), key (k0, k1); all values < 2**32 held in uint64."""
     m = np.uint64(0xFFFFFFFF)
@@ -92,17 +65,8 @@ def _philox(c0, c1, c2, c3, k0, k1, blocks, out):  # pragma: no cover - compiled
                     c3 = (c3 + np.uint64(1)) & m
 
 
-def philox_blocks(counter: int, key: tuple[int, int], n: int) -> np.ndarray:
-    """Compiled twin of ``tfgrad.ops.fractional_pool._philox_blocks``: uint32 [n, 4]."""
-    out = np.empty(4 * n, np.uint64)
-    m = 0xFFFFFFFF
-    lanes = [np.uint64((counter >> (32 * j)) & m) for j in range(4)]
-    _philox(*lanes, np.uint64(key[0]), np.uint64(key[1]), n, out)
-    return out.astype(np.uint32).reshape(n, 4)
-
-
-@numba.njit(parallel=True, cache=True)
-def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
+@Twins
+def max_pool_int(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
     """Integer T: out[b,i,j,:] = max over cell (i, j), starting at ``lowest``.
 
     Flat unsigned offsets: no negative-index fix-ups, so the depth loop vectorises."""
@@ -128,8 +92,8 @@ def _max_pool(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
         ftz_exit(fz)
 
 
-@numba.njit(parallel=True, cache=True)
-def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
+@Twins
+def avg_pool_int(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
     """Integer T: out[b,i,j,:] = (sum in T over cell, row-major, wrapping) / count,
     truncated toward zero."""
     n, H, W, D = x.shape
@@ -159,19 +123,19 @@ def _avg_pool(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
         ftz_exit(fz)
 
 
-@numba.njit(inline="always")
+@inline
 def _acc(a, v, is_max):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     return vmax_keep(a, v) if is_max else vadd(a, v)
 
 
-@numba.njit(inline="always")
+@inline
 def _fin(a, cnt, is_max):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     # TF's max is an x86 max instruction, which under DAZ returns a denormal as 0
     return flush_denormal(a) if is_max else vdiv(a, cnt)
 
 
 def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
-    """_max_pool / _avg_pool for float32/float64, register-blocked: a cell's running
+    """max_pool_int / avg_pool_int for float32/float64, register-blocked: a cell's running
     maxima (or sums, rounded to T after every add as TF's) for eight channel vectors stay
     in registers across its taps, and the output is written once. With ``stream`` (large
     tensors; out 64-byte aligned, a pixel's channels whole 64-byte lines), the outputs go
@@ -181,7 +145,6 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     time. The max is order-independent (a NaN never wins, the earlier of -0/+0 stays)
     and every sum keeps TF's row-major order, so any blocking gives TF's bits."""
 
-    @numba.njit(parallel=True, cache=True)
     def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
         """``lowest`` starts every maximum or sum: T's lowest or +0."""
         n, H, W, D = x.shape
@@ -262,13 +225,14 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
                     of[o + d] = flush_denormal(s) if is_max else s / counts[i, j]
             ftz_exit(fz)
 
-    return kernel
+    return Twins(kernel)
 
 
-_POOL_VEC = {(m, st): _make_pool_vec(m, st) for m in (False, True) for st in (False, True)}
+POOL_VEC = {(m, st): _make_pool_vec(m, st) for m in (False, True) for st in (False, True)}
+"""The float kernels by (max, streamed stores)."""
 
 
-@numba.njit(inline="always")
+@inline
 def _shares(g, b, r, rs, re, cs, ce, q):  # pragma: no cover - compiled
     """q[c, d] = double(g[b, r, c, d]) / count of cell (r, c), TF's per-element share."""
     rows = re[r] - rs[r] + 1
@@ -278,7 +242,7 @@ def _shares(g, b, r, rs, re, cs, ce, q):  # pragma: no cover - compiled
             q[c, d] = np.float64(g[b, r, c, d]) / count
 
 
-@numba.njit(inline="always")
+@inline
 def _to_t(a, is_int, lo):  # pragma: no cover - compiled
     """static_cast<T>(double): floats round once; ints truncate, and outside T's range
     x86's conversion gives T's minimum (returned here as ``lo``)."""
@@ -287,8 +251,8 @@ def _to_t(a, is_int, lo):  # pragma: no cover - compiled
     return a
 
 
-@numba.njit(parallel=True, cache=True)
-def _avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
+@Twins
+def avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
                    is_int, lo, out):  # pragma: no cover - compiled
     """Tasks are (batch, row cell r); task r writes the input rows whose last covering
     cell is r. An input element sums, in double from +0.0 and in output row-major
@@ -334,8 +298,8 @@ def _avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, 
         ftz_exit(fz)
 
 
-@numba.njit(parallel=True, cache=True)
-def _max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
+@Twins
+def max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
     """arg[b,r,c,d] = row-major position in cell (r, c) of its first maximum, replaying
     TF's scan (best = first element; best = v if best < v). False if a replayed maximum
     differs from y (TF's tensor_out_dup check)."""
@@ -370,13 +334,13 @@ def _max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
     return not bad.any()
 
 
-@numba.njit(inline="always")
+@inline
 def _pick(g, arg, b, r, c, d, k, none):  # pragma: no cover - compiled
     return g[b, r, c, d] if arg[b, r, c, d] == k else none
 
 
-@numba.njit(parallel=True, cache=True)
-def _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
+@Twins
+def max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
                    zero, out):  # pragma: no cover - compiled
     """Each input element gathers, in T from zero and in output row-major order, the g of
     the (at most 2 x 2) cells whose argmax it is: the sums TF's scatter makes, without
@@ -422,12 +386,12 @@ def _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first,
         ftz_exit(fz)
 
 
-_ROWS_PER_TASK = 8
+ROWS_PER_TASK = 8
 """Output rows per task of the fused max gradient: each task recomputes the argmax codes
 of the row cell before its first one (needed for overlapping boundary rows)."""
 
 
-@numba.njit(inline="always")
+@inline
 def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot, pf):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
     """codes[slot + c*D + d] = row-major position (as T) in cell (r, c) of its first
     maximum, replaying TF's scan (best = first element; best = v if best < v); False if
@@ -466,39 +430,38 @@ def _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes, slot, pf):  #
     return ok
 
 
-@numba.njit(inline="always")
+@inline
 def _vpick(codes, s, i, pos, gf, j, none):  # type: ignore[no-untyped-def]  # pragma: no cover
     """_pick for a channel vector: g's lanes where the cell's argmax code is pos."""
     return vwhere_eq(vload(codes, s + i), vfull(gf, pos), vload(gf, j), none)
 
 
 def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
-    """_max_pool_argmax and _max_pool_grad fused, for float32/float64 with whole channel
-    vectors: each task takes up to _ROWS_PER_TASK row cells of one image, finds each
+    """max_pool_argmax and max_pool_grad fused, for float32/float64 with whole channel
+    vectors: each task takes up to ROWS_PER_TASK row cells of one image, finds each
     cell's argmax codes (as T, exact: cells have < 2**24 elements) into a two-row
     buffer, and then gathers, per input element of the rows it owns, the g of the cells
     whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
     non-temporal stores and a prefetch of the next row cell's input lines."""
-    @numba.njit(parallel=True, cache=True)
     def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
                out):  # type: ignore[no-untyped-def]  # pragma: no cover
         n, H, W, D = x.shape
         mr, mc = rs.size, cs.size
         xf, yf, gf, of = x.reshape(-1), y.reshape(-1), g.reshape(-1), out.reshape(-1)
         L = nlanes(xf)
-        per = (mr + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
+        per = (mr + ROWS_PER_TASK - 1) // ROWS_PER_TASK
         bad = np.zeros(n * per, np.bool_)
         for t in prange(n * per):
             fz = ftz_enter()
             b = t // per
-            r_lo = (t - b * per) * _ROWS_PER_TASK
-            r_hi = min(r_lo + _ROWS_PER_TASK, mr)
+            r_lo = (t - b * per) * ROWS_PER_TASK
+            r_hi = min(r_lo + ROWS_PER_TASK, mr)
             codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
             if r_lo > 0 and r_first[own_lo[r_lo]] < r_lo:
                 _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
                               (r_lo - 1) % 2 * mc * D, False)
             zero = vzeros(gf)
-            none = vfull(gf, -0.0)  # the other cells add -0: no sum changes (_max_pool_grad)
+            none = vfull(gf, -0.0)  # the other cells add -0: no sum changes (max_pool_grad)
             for r in range(r_lo, r_hi):
                 if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
                                      r % 2 * mc * D, stream):
@@ -535,93 +498,8 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
             ftz_exit(fz)
         return not bad.any()
 
-    return kernel
+    return Twins(kernel)
 
 
-_MAX_GRAD_VEC = {st: _make_max_grad_vec(st) for st in (False, True)}
-
-
-# --------------------------------------------------------------------------------------
-# Entry points (arrays contiguous, cells validated by tfgrad.ops.fractional_pool)
-# --------------------------------------------------------------------------------------
-def _covering(starts: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
-    """Per index 0..n-1: first and last cell containing it (last < first: none), and per
-    cell the index range it owns (the indices whose last covering cell it is; indices
-    before the first cell go to cell 0, after the last to the last)."""
-    idx = np.arange(n)
-    first = np.searchsorted(ends, idx, side="left").astype(np.int64)
-    last = (np.searchsorted(starts, idx, side="right") - 1).astype(np.int64)
-    # Strictly increasing sequences: an index lies in at most two cells (the kernels
-    # rely on it).
-    assert np.all(last - first <= 1)
-    owner = np.maximum(last, 0)
-    cells = np.arange(starts.size)
-    own_lo = np.searchsorted(owner, cells, side="left").astype(np.int64)
-    own_hi = (np.searchsorted(owner, cells, side="right") - 1).astype(np.int64)
-    return first, last, own_lo, own_hi
-
-
-def _whole_lines(depth: int, dtype: np.dtype) -> bool:
-    """Whether a pixel's channels are whole 64-byte lines (whole vectors)."""
-    return depth * dtype.itemsize % 64 == 0
-
-
-def _pool(x: np.ndarray, rs, re, cs, ce, is_max: bool, lowest) -> np.ndarray:
-    shape = (x.shape[0], rs.size, cs.size, x.shape[3])
-    counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
-    with _threads(x.size):
-        if x.dtype.kind == "f":
-            out, stream = stream_output(shape, x.dtype, _STREAM_MIN_BYTES)
-            _POOL_VEC[is_max, stream](x, rs, re, cs, ce, lowest, counts, out)
-        elif is_max:
-            out = np.empty(shape, x.dtype)
-            _max_pool(x, rs, re, cs, ce, lowest, out)
-        else:
-            out = np.empty(shape, x.dtype)
-            _avg_pool(x, rs, re, cs, ce, counts, out)
-    return out
-
-
-def max_pool(x: np.ndarray, rs, re, cs, ce, lowest) -> np.ndarray:
-    return _pool(x, rs, re, cs, ce, True, lowest)
-
-
-def avg_pool(x: np.ndarray, rs, re, cs, ce) -> np.ndarray:
-    return _pool(x, rs, re, cs, ce, False, x.dtype.type(0))
-
-
-def avg_pool_grad(in_shape: tuple[int, ...], g: np.ndarray, rs, re, cs, ce) -> np.ndarray:
-    out = np.empty(in_shape, g.dtype)
-    r_first, r_last, own_lo, own_hi = _covering(rs, re, in_shape[1])
-    c_first, c_last, _, _ = _covering(cs, ce, in_shape[2])
-    # static_cast<T>(double) for ints: in range it truncates, outside x86 gives T's min.
-    lo = -float(2 ** (8 * g.dtype.itemsize - 1)) if g.dtype.kind == "i" else 0.0
-    with _threads(out.size):
-        _avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-                       g.dtype.kind == "i", lo, out)
-    return out
-
-
-def max_pool_grad(x: np.ndarray, y: np.ndarray, g: np.ndarray, rs, re, cs,
-                  ce) -> np.ndarray | None:
-    """The input gradient, or None when orig_output does not match the replayed maxima."""
-    r_first, r_last, own_lo, own_hi = _covering(rs, re, x.shape[1])
-    zero = g.dtype.type(0)
-    cell = int((re - rs).max() + 1) * int((ce - cs).max() + 1) if rs.size and cs.size else 0
-    if (x.dtype.kind == "f" and _whole_lines(x.shape[3], x.dtype)
-            and cell < 2 ** (np.finfo(x.dtype).nmant + 1)):  # codes exact in T
-        c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
-        out, stream = stream_output(x.shape, x.dtype, _STREAM_MIN_BYTES)
-        with _threads(x.size):
-            ok = _MAX_GRAD_VEC[stream](x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first,
-                                       r_last, c_first, c_last, out)
-        return out if ok else None
-    arg = np.empty(y.shape, np.int32)
-    with _threads(x.size):
-        if not _max_pool_argmax(x, y, rs, re, cs, ce, arg):
-            return None
-        c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
-        out = np.empty(x.shape, x.dtype)
-        _max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-                       zero, out)
-    return out
+MAX_GRAD_VEC = {st: _make_max_grad_vec(st) for st in (False, True)}
+"""The fused float max gradient by streamed stores."""

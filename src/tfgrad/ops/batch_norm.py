@@ -6,7 +6,8 @@ Eigen's column-sum orders, its approximate ``rsqrt`` for channels in full packet
 TF's thread-dependent split of the gradient sums. This module holds the ops' checks and the
 NumPy reference (the spec); the fused kernels are in ``tfgrad.kernels.batch_norm``. The TF
 behaviours reproduced, the differences from TF and the tests that pin them:
-docs/batch_norm.md.
+docs/batch_norm.md. TF's thread split of the gradient sums is ``tfgrad._tf.eigen``'s; the
+kernels run through ``tfgrad.dispatch.batch_norm``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
-from .._fpenv import flush_denormals
+from .._tf.eigen import redux_blocks
+from .._tf.fpenv import flush_denormals
 from .._validate import check_alloc, check_float32_copies, shape_str
 
 _F32 = np.float32
@@ -63,97 +65,12 @@ def _seq_sum(a: np.ndarray) -> np.ndarray:
     return np.add.accumulate(rows, axis=0)[-1]
 
 
-def tf_thread_count() -> int:
-    """The intra-op thread count whose ``ReduceOuterDimensions`` order is reproduced:
-    TF's default on this machine (``_config.tf_intra_op_threads``)."""
-    return _config.tf_intra_op_threads()
-
-
-# Eigen's cost model (TensorCostModel.h): cycles per byte loaded (an L2 line of 64 bytes
-# in 11 cycles), the start-up / per-thread costs and the ideal task size.
-_LOAD_CYCLES = 1.0 / 64 * 11
-_STARTUP_CYCLES = 100000.0
-_TASK_CYCLES = 40000.0
-
-
-def eigen_num_threads(n: int, cost: float, threads: int) -> int:
-    """Eigen's ``TensorCostModel::numThreads(n, cost, threads)``: the threads worth using for
-    n items of ``cost`` cycles each."""
-    t = min((n * cost - _STARTUP_CYCLES) / _STARTUP_CYCLES + 0.9, 2.0**31 - 1)
-    return min(threads, max(1, int(t)))  # int() truncates toward zero, as C++'s cast
-
-
-def parallel_for_block(n: int, cost: float, threads: int) -> int:
-    """How many consecutive items of [0, n) Eigen's ``ThreadPoolDevice::parallelFor(n,
-    cost, f)`` hands to one call of f (TensorDeviceThreadPool.h): all n when the cost
-    model wants one thread; else ``CalculateParallelForBlock``'s block size (items of
-    ``1 / taskSize`` worth 40000 cycles, at least ``ceil(n / (4 * threads))``, coarsened
-    up to twice that while the parallel efficiency does not drop by more than 0.01), and
-    ``handleRange`` halves [0, n) at multiples of it, so the calls are
-    ``[k * block, min(n, (k + 1) * block))``."""
-    if n == 1 or threads == 1 or eigen_num_threads(n, cost, threads) == 1:
-        return n
-    block_size_f = 1.0 / (cost / _TASK_CYCLES)
-    block = min(n, max(-(-n // (4 * threads)), int(block_size_f)))
-    max_block = min(n, 2 * block)
-    count = -(-n // block)
-    best = count / (-(-count // threads) * threads)
-    prev = count
-    while best < 1.0 and prev > 1:
-        coarser = -(-n // (prev - 1))
-        if coarser > max_block:
-            break
-        prev = -(-n // coarser)
-        eff = prev / (-(-prev // threads) * threads)
-        if eff + 0.01 >= best:
-            block, count = coarser, prev
-            best = max(best, eff)
-    return block
-
-
-def redux_blocks(r: int, c: int, itemsize: int, threads: int) -> tuple[int, int, int]:
-    """TF's ``ReduceOuterDimensions`` (redux_functor.h) over [r, c] on ``threads`` threads:
-    ``(nb, rows, per_call)``. TF zeroes nb partial-sum buffers; buffer i is for rows
-    ``[i * rows, (i + 1) * rows)``; Eigen's parallelFor runs the blocks in calls of
-    ``per_call`` consecutive blocks, and a call [s, e) sums all its rows in sequence into
-    buffer s (the others stay +0); then buffers 1..nb-1 are added to buffer 0 in order.
-
-    With C > 32 * threads TF splits the columns instead (each still summed in sequence):
-    one block. Otherwise nb = min(r, ceil(r*c / ceil(2000 / c)), threads) blocks of
-    ``ceil(r / nb)`` rows (the last ones may be empty), each costing
-    ``rows*c * (itemsize * 11/64 + 1)`` cycles (bytes loaded, one add a value)."""
-    if threads <= 1 or r <= 1 or c > 32 * threads:
-        return 1, max(r, 1), 1
-    min_rows = -(-2000 // c)  # min_block_workload = 2000 values
-    nb = min(r, -(-(r * c) // min_rows), threads)
-    rows = -(-r // nb)
-    size = rows * c  # values a block sums
-    cost = (_LOAD_CYCLES * (size * itemsize) + _LOAD_CYCLES * 0.0) + 1.0 * size
-    return nb, rows, parallel_for_block(nb, cost, threads)
-
-
-def redux_plan(r: int, c: int, itemsize: int, threads: int) -> tuple[int, bool, bool]:
-    """``redux_blocks`` as the kernels run it: ``(rows, zero_between, zero_after)``.
-
-    Partial sums of ``rows`` rows each (from +0, rows in sequence; the calls that have
-    rows) are added in order, the first unchanged. The untouched buffers TF adds too are
-    +0: adding one changes nothing but turns a total of -0 (a sum flushed to zero, FTZ)
-    into +0. ``zero_between``: such buffers follow every partial sum but the last (calls
-    of several blocks); ``zero_after``: some follow the last one (a call of several
-    blocks, or blocks past the last row). All blocks in one call (little work, e.g. C = 32
-    on 2 threads with a few rows): every row in the first sum, +0 added after."""
-    nb, rows, per_call = redux_blocks(r, c, itemsize, threads)
-    span = per_call * rows  # rows of one call
-    calls = -(-max(r, 1) // span)  # the calls that have rows
-    return min(span, max(r, 1)), per_call > 1 and calls > 1, nb - 1 > (calls - 1) * per_call
-
-
 def _redux_sum(a: np.ndarray, itemsize: int = 4) -> np.ndarray:
     """TF's ``ReduceOuterDimensions`` sum over the rows of ``a``, literally (redux_blocks)."""
     r, c = a.shape
     if r == 1:
         return a[0].copy()  # TF passes the single row through (a -0 stays -0)
-    nb, rows, per_call = redux_blocks(r, c, itemsize, tf_thread_count())
+    nb, rows, per_call = redux_blocks(r, c, itemsize, _config.tf_intra_op_threads())
     buffers = [np.zeros(c, _F32) for _ in range(nb)]
     for s in range(0, nb, per_call):
         buffers[s] = _seq_sum(a[s * rows:(s + per_call) * rows])
@@ -179,12 +96,11 @@ def colsum_eigen(a: np.ndarray) -> np.ndarray:
 
 
 def eigen_rsqrt(v: np.ndarray, tile: int = 0) -> np.ndarray:
-    """Eigen's rsqrt of a [C] vector (see kernels.batch_norm.eigen_rsqrt); ``tile=0``: the
+    """Eigen's rsqrt of a [C] vector (``tfgrad._tf.rsqrt.eigen_rsqrt``); ``tile=0``: the
     whole vector is one tile (the channel rule)."""
-    from ..kernels.batch_norm import eigen_rsqrt as _rsqrt
+    from .._tf import rsqrt  # (compiled: imported on first use, not with the ops)
 
-    v = np.ascontiguousarray(v, _F32)
-    return _rsqrt(v, tile or max(v.size, 1))
+    return rsqrt.eigen_rsqrt(v, tile)
 
 
 def reference_forward_train(X: np.ndarray, scale: np.ndarray, offset: np.ndarray,
@@ -220,7 +136,7 @@ def reference_grad_train(dy: np.ndarray, X: np.ndarray, scale: np.ndarray, mean:
                          var: np.ndarray, eps: float, itemsize: int = 4) -> tuple[np.ndarray, ...]:
     r = X.shape[0]
     inv = _F32(1) / _F32(r)
-    from ..kernels.batch_norm import GRAD_DX_TILE, GRAD_SCALE_TILE
+    from .._tf.rsqrt import GRAD_DX_TILE, GRAD_SCALE_TILE
 
     c0 = eigen_rsqrt(var + _F32(eps), GRAD_DX_TILE)
     xc = X - mean
@@ -329,9 +245,9 @@ def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np
                                                    epsilon, exponential_avg_factor,
                                                    channel_last, is_training)
         else:
-            from ..kernels import batch_norm as k
+            from ..dispatch import batch_norm as D
 
-            y, bm, bv, sm, sv = k.forward(x, scale, offset, mean, variance, epsilon,
+            y, bm, bv, sm, sv = D.forward(x, scale, offset, mean, variance, epsilon,
                                           exponential_avg_factor, channel_last, is_training)
     return (y, bm.copy(), bv.copy(), sm.copy(), sv.copy()) + extra
 
@@ -397,29 +313,30 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
     if x.size == 0:
         return (np.empty(x.shape, x.dtype), np.zeros(c, _F32), np.zeros(c, _F32)) + empty
 
-    if _config.use_reference():
-        dy2 = _to_rows(y_backprop, channel_last)
-        X = _to_rows(x, channel_last)
-        ref = reference_grad_train if is_training else reference_grad_infer
-        with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results, as TF's
-            dx2, sb, ob = ref(dy2, X, scale, mean, var, epsilon, x.dtype.itemsize)
-        dx = _from_rows(dx2, x.shape, channel_last, x.dtype)
-    else:
-        from ..kernels import batch_norm as k
+    plan = None
+    if not _config.use_reference():
+        from ..dispatch import batch_norm as D
 
-        n, c, s = k._layout(x, channel_last)
-        threads = tf_thread_count()
-        plan = redux_plan(n * s, c, x.dtype.itemsize, threads)
-        # R = 1 (TF passes the row through), or half-precision dy whose sum TF splits
-        # differently from the float32 sums (only when emulating several TF threads).
-        if n * s == 1 or plan != redux_plan(n * s, c, 4, threads):
-            with _config.use_impl("reference"):
-                return _grad(op, y_backprop, x, scale, reserve_space_1, reserve_space_2,
-                             epsilon, data_format, is_training)
+        plan = D.grad_plan(x, channel_last)
+    if plan is None:  # the reference, or a split the kernels do not reproduce
+        dx, sb, ob = _reference_grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
+                                     is_training)
+    else:
         with flush_denormals(), np.errstate(all="ignore"):
-            dx, sb, ob = k.grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
-                                is_training, *plan)
+            dx, sb, ob = D.grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
+                                is_training, plan)
     return (dx, sb, ob) + empty
+
+
+def _reference_grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray,
+                    var: np.ndarray, epsilon: float, channel_last: bool,
+                    is_training: bool) -> tuple[np.ndarray, ...]:
+    dy2 = _to_rows(dy, channel_last)
+    X = _to_rows(x, channel_last)
+    ref = reference_grad_train if is_training else reference_grad_infer
+    with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results, as TF's
+        dx2, sb, ob = ref(dy2, X, scale, mean, var, epsilon, x.dtype.itemsize)
+    return _from_rows(dx2, x.shape, channel_last, x.dtype), sb, ob
 
 
 def FusedBatchNormGrad(**kw: object) -> tuple[np.ndarray, ...]:

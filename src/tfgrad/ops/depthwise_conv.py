@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
-from .._fpenv import flush_denormals
+from .._tf.fpenv import flush_denormals
 from .._validate import check_alloc, check_float32_copies, overflow_words, shape_str
 
 _F32 = np.dtype(np.float32)

@@ -2,8 +2,9 @@
 
 Bit-exact with TensorFlow 2.21's CPU kernels (``fake_quant_ops_functor.h``): float32 with one
 rounding per operation, the range nudged so that 0.0 falls on the grid, and dmin / dmax
-summed in Eigen's reduction order with TF's thread split. This module holds the ops' checks
-and the NumPy reference (the spec); the fused kernels are in ``tfgrad.kernels.fake_quant``.
+summed in Eigen's reduction order with TF's thread split (``tfgrad._tf.eigen``). This
+module holds the ops' checks and the NumPy reference (the spec); the fused kernels are in
+``tfgrad.kernels.fake_quant``, run by ``tfgrad.dispatch.fake_quant``.
 The TF behaviours reproduced, the differences from TF and the tests that pin them:
 docs/fake_quant.md.
 """
@@ -19,7 +20,8 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
-from .._fpenv import flushed
+from .._tf.eigen import num_threads, sharded_sum
+from .._tf.fpenv import flushed
 from .._validate import check_alloc, shape_str
 
 F32 = np.float32
@@ -27,10 +29,11 @@ FLT_MIN = F32(2.0**-126)
 _HALF = F32(0.5)
 _ZERO = F32(0.0)
 
-# Eigen's full reduction (AVX build of TF 2.21): packets of 8 floats, leaves of at most
-# 8 * 1024 values below a binary split tree.
-PACKET = 8
-LEAF = PACKET * 1024
+# Eigen's cost per value of the reduced expression, in its cost model's cycles, measured
+# on TF 2.21 (the thread count at which each size starts to shard): sum(g * (x < c ? 1 :
+# 0)) over a flat tensor (Vars) and over a chip of a matrix (PerChannel).
+COST_FLAT = 67 / 16
+COST_CHIP = 75 / 16
 
 
 # --------------------------------------------------------------------------------------
@@ -112,52 +115,6 @@ def _nudge(mn: np.ndarray, mx: np.ndarray, num_bits: int, narrow_range: bool) ->
 
 
 # --------------------------------------------------------------------------------------
-# Eigen's full sum reduction (the reference; kernels reproduce it in one pass)
-# --------------------------------------------------------------------------------------
-def eigen_split(first: int, n: int) -> int:
-    """Where Eigen splits [first, first + n) (n > LEAF): half way, up to a packet."""
-    half = -(-n // 2)
-    return PACKET * (-(-(first + half) // PACKET))
-
-
-def _leaf_sum(v: np.ndarray) -> F32:
-    n = v.size
-    acc = np.zeros((4, PACKET), F32)
-    n4 = (n // (4 * PACKET)) * (4 * PACKET)
-    n8 = (n // PACKET) * PACKET
-    for j in range(0, n4, 4 * PACKET):
-        acc = ftz(acc + v[j:j + 4 * PACKET].reshape(4, PACKET))
-    p = acc[0]
-    for k in (1, 2, 3):  # paccum += paccum1; += paccum2; += paccum3
-        p = ftz(p + acc[k])
-    for j in range(n4, n8, PACKET):
-        p = ftz(p + v[j:j + PACKET])
-    tail = _ZERO
-    for j in range(n8, n):
-        tail = ftz(tail + v[j])
-    b = ftz(p[:4] + p[4:])  # predux: (l0+l4 + l2+l6) + (l1+l5 + l3+l7)
-    h = ftz(ftz(b[0] + b[2]) + ftz(b[1] + b[3]))
-    return F32(ftz(tail + h))
-
-
-def eigen_sum(v: np.ndarray, first: int = 0) -> F32:
-    """Sum of the 1-D float32 array ``v`` as Eigen's single-shard full reducer does it.
-
-    ``first`` is the index of ``v[0]`` in the reduced tensor (split points are aligned
-    on packets of the whole tensor).
-    """
-    n = v.size
-    if n <= LEAF:
-        return _leaf_sum(v)
-    split = eigen_split(first, n)
-    nl = min(split - first, n)
-    acc = ftz(_ZERO + eigen_sum(v[:nl], first))
-    if nl < n:
-        acc = ftz(acc + eigen_sum(v[nl:], split))
-    return F32(acc)
-
-
-# --------------------------------------------------------------------------------------
 # The NumPy reference (the readable specification)
 # --------------------------------------------------------------------------------------
 def _ref_quantize(x: np.ndarray, p: Nudged, divide: bool) -> np.ndarray:
@@ -187,9 +144,9 @@ def _ref_grad(g: np.ndarray, x: np.ndarray, p: Nudged, cost: float
         to_min = ftz(gf * below)
         to_max = ftz(gf * above)
     n, d = x.shape
-    shards = tf_shards(n, cost, tf_intra_op_threads())
-    dmin = np.array([eigen_sharded_sum(to_min[:, c].copy(), shards) for c in range(d)], F32)
-    dmax = np.array([eigen_sharded_sum(to_max[:, c].copy(), shards) for c in range(d)], F32)
+    shards = num_threads(n, cost, _config.tf_intra_op_threads())
+    dmin = np.array([sharded_sum(to_min[:, c].copy(), shards) for c in range(d)], F32)
+    dmax = np.array([sharded_sum(to_max[:, c].copy(), shards) for c in range(d)], F32)
     # min == max == 0: TF copies the gradient (no arithmetic, so no flushing).
     dx = np.where(p.zero, g, dx).astype(F32)
     dmin = np.where(p.zero, _ZERO, dmin).astype(F32)
@@ -253,38 +210,14 @@ def _bits(num_bits: int) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# Dispatch helpers
+# Reference or kernels
 # --------------------------------------------------------------------------------------
-def _flat(a: np.ndarray) -> np.ndarray:
-    """C-contiguous 1-D view (copy only if needed)."""
-    return np.ascontiguousarray(a).reshape(-1)
-
-
-def _as_rows(a: np.ndarray, d: int) -> np.ndarray:
-    """C-contiguous [N, d] view (copy only if needed) of channels-last data (d > 0)."""
-    return np.ascontiguousarray(a).reshape(-1, d)
-
-
 def _quantize(x: np.ndarray, p: Nudged, divide: bool) -> np.ndarray:
     if _config.use_reference():
         return _ref_quantize(x, p, divide)
-    from ..kernels import fake_quant as k
+    from ..dispatch import fake_quant as D
 
-    if p.nmin.ndim == 0:  # one range for the whole tensor
-        if bool(p.zero):
-            return np.zeros(x.shape, F32)
-        out = np.empty(x.shape, F32)
-        k.quantize_flat(x.size, _flat(x), float(p.nmin), float(p.nmax), float(p.scale),
-                        float(p.inv), float(p.qz), divide, out.reshape(-1))
-        return out
-    d = x.shape[-1]
-    out = np.empty(x.shape, F32)
-    if out.size:
-        k.quantize_channels(x.size, _as_rows(x, d), p.nmin, p.nmax, p.scale, p.inv, p.qz,
-                            out.reshape(-1, d))
-        for c in np.flatnonzero(p.zero):  # min == max == 0: zeros
-            out[..., c] = 0
-    return out
+    return D.quantize(x, p, divide)
 
 
 def _gradient(g: np.ndarray, x: np.ndarray, p: Nudged
@@ -293,163 +226,25 @@ def _gradient(g: np.ndarray, x: np.ndarray, p: Nudged
     per_channel = p.nmin.ndim == 1
     if per_channel and x.shape[-1] == 0:  # no channels: empty outputs
         return np.empty(x.shape, F32), np.empty(0, F32), np.empty(0, F32)
+    cost = COST_CHIP if per_channel else COST_FLAT
     if _config.use_reference():  # a scalar range is one channel of flat data
         d = x.shape[-1] if per_channel else 1
         dx, dmin, dmax = _ref_grad(g.reshape(-1, d), x.reshape(-1, d),
-                                   p if per_channel else p.as_channel(),
-                                   COST_CHIP if per_channel else COST_FLAT)
+                                   p if per_channel else p.as_channel(), cost)
         dx = dx.reshape(x.shape)
         return (dx, dmin, dmax) if per_channel else (dx, dmin[0], dmax[0])
-    from ..kernels import fake_quant as k
+    from ..dispatch import fake_quant as D
 
-    dx = np.empty(x.shape, F32)
-    if not per_channel:
-        if bool(p.zero):
-            return g.copy(), F32(0), F32(0)
-        sums = np.zeros(2, F32)
-        plan = reduction_plan(x.size, 1, COST_FLAT)
-        k.gradient_flat(x.size, _flat(g), _flat(x), float(p.nmin), float(p.nmax), *plan,
-                        dx.reshape(-1), sums)
-        return dx, sums[0], sums[1]
-    d = x.shape[-1]
-    dmin = np.zeros(d, F32)
-    dmax = np.zeros(d, F32)
-    if x.size:
-        n = x.size // d
-        plan = reduction_plan(n, d, COST_CHIP)
-        k.gradient_channels(x.size, _as_rows(g, d), _as_rows(x, d), p.nmin, p.nmax, *plan,
-                            dx.reshape(-1, d), dmin, dmax)
-        for c in np.flatnonzero(p.zero):  # min == max == 0: pass through
-            dx[..., c] = g[..., c]
-            dmin[c] = dmax[c] = 0
-    return dx, dmin, dmax
+    return D.gradient(g, x, p, cost)
 
 
-# --------------------------------------------------------------------------------------
-# The reduction plan: Eigen's shards and trees, cut into subtrees that threads take
-# --------------------------------------------------------------------------------------
-# Program opcodes (rows of an int64 [L, 3] array):
-OP_LEAF = 0     # (0, first, length): push the leaf's sum
-OP_COMBINE = 1  # pop right, pop left, push (0 + left) + right (a tree node)
-OP_TASK = 2     # (2, t, 0): push subtree t's result (top-level program only)
-OP_ADD = 3      # pop right, pop left, push left + right (the shards' final sum)
-OP_ZERO = 4     # push 0
+def _elementwise_grad(g: np.ndarray, x: np.ndarray, p: Nudged) -> np.ndarray:
+    if _config.use_reference():
+        return _ref_grad(g.reshape(-1, 1), x.reshape(-1, 1), p.as_channel(),
+                         COST_FLAT)[0].reshape(x.shape)
+    from ..dispatch import fake_quant as D
 
-_TASKS = 8         # subtrees to aim for (a constant: the plan must not depend on threads)
-_MIN_BLOCK = 16    # channels per task at least (a 64-byte line of float32)
-
-# Eigen's cost per value of the reduced expression, in its cost model's cycles, measured
-# on TF 2.21 (the thread count at which each size starts to shard): sum(g * (x < c ? 1 :
-# 0)) over a flat tensor (Vars) and over a chip of a matrix (PerChannel).
-COST_FLAT = 67 / 16
-COST_CHIP = 75 / 16
-
-
-tf_intra_op_threads = _config.tf_intra_op_threads
-
-
-def tf_shards(n: int, cost: float, threads: int) -> int:
-    """Threads Eigen's full reducer uses for n values (TensorCostModel::numThreads)."""
-    t = (n * cost - 100000.0) / 100000.0 + 0.9
-    return max(1, min(threads, int(min(t, 2**31 - 1)))) if t > 0 else 1
-
-
-def eigen_shards(n: int, shards: int) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
-    """Eigen's FullReducer blocks: ``shards`` equal blocks and a remainder block (or None);
-    the result is ((remainder or 0) + block 0) + block 1 + ..."""
-    if shards <= 1:
-        return [(0, n)], None
-    size = n // shards
-    count = n // size
-    rest = (count * size, n - count * size) if count * size < n else None
-    return [(i * size, size) for i in range(count)], rest
-
-
-def eigen_sharded_sum(v: np.ndarray, shards: int) -> F32:
-    """eigen_sum of the whole tensor as TF's thread pool computes it with ``shards``."""
-    if shards <= 1:
-        return eigen_sum(v)
-    blocks, rest = eigen_shards(v.size, shards)
-    acc = eigen_sum(v[rest[0]:], rest[0]) if rest else _ZERO
-    for first, m in blocks:
-        acc = ftz(acc + eigen_sum(v[first:first + m], first))
-    return F32(acc)
-
-
-def _postfix(first: int, n: int, out: list[tuple[int, int, int]]) -> None:
-    if n <= LEAF:
-        out.append((OP_LEAF, first, n))
-        return
-    split = eigen_split(first, n)
-    nl = min(split - first, n)
-    _postfix(first, nl, out)
-    _postfix(split, n - nl, out)
-    out.append((OP_COMBINE, 0, 0))
-
-
-@lru_cache(maxsize=64)
-def _plan(n: int, d: int, shards: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    blocks, rest = eigen_shards(n, shards)
-    roots = ([rest] if rest else []) + blocks
-    # Cut the trees into subtrees: split the nodes above leaves until there are _TASKS
-    # of them (or only leaves are left). Nodes are (first, length).
-    nodes = list(roots)
-    while len(nodes) < _TASKS and any(m > LEAF for _, m in nodes):
-        nxt = []
-        for first, m in nodes:
-            if m > LEAF:
-                split = eigen_split(first, m)
-                nxt += [(first, split - first), (split, m - (split - first))]
-            else:
-                nxt.append((first, m))
-        nodes = nxt
-    prog: list[tuple[int, int, int]] = []
-    starts = []
-    for first, m in nodes:
-        starts.append(len(prog))
-        _postfix(first, m, prog)
-    starts.append(len(prog))
-    # The top program rebuilds the trees above the subtrees, then adds up the shards.
-    index = {node: t for t, node in enumerate(nodes)}
-    top: list[tuple[int, int, int]] = []
-
-    def build(first: int, m: int) -> None:
-        if (first, m) in index:
-            top.append((OP_TASK, index[(first, m)], 0))
-            return
-        split = eigen_split(first, m)
-        build(first, split - first)
-        build(split, m - (split - first))
-        top.append((OP_COMBINE, 0, 0))
-
-    if shards <= 1:
-        build(0, n)
-    else:
-        if rest:
-            build(*rest)
-        else:
-            top.append((OP_ZERO, 0, 0))
-        for block in blocks:
-            build(*block)
-            top.append((OP_ADD, 0, 0))
-    # Channel blocks: enough tasks for the threads when there are few subtrees.
-    nblocks = max(1, min(-(-_TASKS // len(nodes)), d // _MIN_BLOCK))
-    width = max(1, -(-d // nblocks))
-    depth = 3 + max(1, n).bit_length()  # bound on the stack depth of the programs
-    return (np.array(prog, np.int64).reshape(-1, 3), np.array(starts, np.int64),
-            np.array(top, np.int64).reshape(-1, 3), width, depth)
-
-
-def reduction_plan(n: int, d: int, cost: float
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Eigen's reduction of columns of length ``n`` (d of them), as programs for kernels.
-
-    Returns ``(prog, starts, top, width, depth)``: subtree ``t`` is the postfix program
-    ``prog[starts[t]:starts[t + 1]]``; ``top`` combines the subtrees' results; threads
-    take (subtree, block of ``width`` channels) pairs; ``depth`` bounds the stack. It
-    depends on (n, d) and TF's thread count, never on tfgrad's, so results do not either.
-    """
-    return _plan(n, d, tf_shards(n, cost, tf_intra_op_threads()))
+    return D.mask_gradient(g, x, p)
 
 
 # --------------------------------------------------------------------------------------
@@ -497,17 +292,6 @@ def FakeQuantWithMinMaxArgsGradient(*, gradients: np.ndarray, inputs: np.ndarray
     check("FakeQuantWithMinMaxArgsGradient", locals())
     p = nudge(*_args_range(min, max), num_bits, narrow_range)
     return _elementwise_grad(gradients, inputs, p)
-
-
-def _elementwise_grad(g: np.ndarray, x: np.ndarray, p: Nudged) -> np.ndarray:
-    if _config.use_reference():
-        return _ref_grad(g.reshape(-1, 1), x.reshape(-1, 1), p.as_channel(),
-                         COST_FLAT)[0].reshape(x.shape)
-    from ..kernels import fake_quant as k
-
-    dx = np.empty(x.shape, F32)
-    k.mask_gradient(x.size, _flat(g), _flat(x), float(p.nmin), float(p.nmax), dx.reshape(-1))
-    return dx
 
 
 def FakeQuantWithMinMaxVars(*, inputs: np.ndarray, min: np.ndarray, max: np.ndarray,

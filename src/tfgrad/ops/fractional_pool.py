@@ -3,8 +3,13 @@
 Bit-identical to TF, the pooling sequences drawn from the same seeds included (TF's
 Philox4x32-10 streams). This module holds the sequences, the ops' checks (stricter than
 TF's where TF reads or writes out of bounds) and the NumPy reference (the spec); the fused
-kernels are in ``tfgrad.kernels.fractional_pool``. The TF behaviours reproduced, the
-differences from TF and the tests that pin them: docs/fractional_pool.md.
+kernels are in ``tfgrad.kernels.fractional_pool``, run by ``tfgrad.dispatch.
+fractional_pool``. The TF behaviours reproduced, the differences from TF and the tests that
+pin them: docs/fractional_pool.md.
+
+The adapters' implementations (``tfgrad.torch``, ``tfgrad.jax``) share the seeds, the
+cells and the checks of the sequences with these ops: ``seeds``, ``cell_bounds``,
+``check_gradient_sequences`` and ``max_grad_mismatch``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError, UnimplementedError
-from .._fpenv import flush_denormals, flushed
+from .._tf.fpenv import flush_denormals, flushed
 from .._validate import check_alloc, shape_str
 
 _M32 = 0xFFFFFFFF
@@ -62,7 +67,7 @@ class _Philox:
         if _config.use_reference():
             draws = _philox_blocks(self.counter, self.key, blocks).reshape(-1)
         else:
-            from ..kernels.fractional_pool import philox_blocks
+            from ..dispatch.fractional_pool import philox_blocks
 
             draws = philox_blocks(self.counter, self.key, blocks).reshape(-1)
         self.counter = (self.counter + blocks) & ((1 << 128) - 1)
@@ -124,8 +129,11 @@ def _os_seed() -> int:
     return int.from_bytes(os.urandom(8), "little")
 
 
-def _seeds(op: str, dtype: np.dtype, ratio: tuple[float, ...], pseudo_random: bool,
-           overlapping: bool, deterministic: bool, seed: int, seed2: int) -> tuple[int, int]:
+def seeds(op: str, dtype: np.dtype, ratio: tuple[float, ...], pseudo_random: bool,
+          overlapping: bool, deterministic: bool, seed: int, seed2: int) -> tuple[int, int]:
+    """The (seed, seed2) TF's forward op ``op`` draws its sequences from, for these attrs
+    and the input's dtype: fresh OS seeds on every call unless ``deterministic``; the
+    given pair unless it is (0, 0); else a pair drawn once per process and attr set."""
     if not deterministic:
         return _os_seed(), _os_seed()  # GuardedPhiloxRandom::Init(0, 0): fresh every call
     if seed != 0 or seed2 != 0:
@@ -142,7 +150,8 @@ def _seeds(op: str, dtype: np.dtype, ratio: tuple[float, ...], pseudo_random: bo
 # --------------------------------------------------------------------------------------
 # Cells
 # --------------------------------------------------------------------------------------
-def _cells(seq: np.ndarray, m: int, n: int, overlapping: bool) -> tuple[np.ndarray, np.ndarray]:
+def cell_bounds(seq: np.ndarray, m: int, n: int,
+                overlapping: bool) -> tuple[np.ndarray, np.ndarray]:
     """Start and clamped end (inclusive) of the first m cells of ``seq`` over length n."""
     starts = seq[:m].astype(np.int64)
     ends = seq[1 : m + 1].astype(np.int64) - (0 if overlapping else 1)
@@ -275,6 +284,26 @@ def _check_sequence_values(op: str, name: str, seq: np.ndarray, n: int,
                 f"{int(e[k - cells])}]")
 
 
+def check_gradient_sequences(op: str, rows: np.ndarray, cols: np.ndarray, h: int, w: int,
+                             mr: int, mc: int, overlapping: bool) -> None:
+    """The value checks of a gradient op's sequences (``op``: FractionalAvgPoolGrad or
+    FractionalMaxPoolGrad), in TF's order, for an input of h x w pooled into mr x mc
+    cells (the checks of their shapes come first: ``check``)."""
+    if op == "FractionalAvgPoolGrad":
+        _check_avg_grad_signs(op, rows, cols, h, w, mr, mc, overlapping)
+    _check_sequence_values(op, "row_pooling_sequence", rows, h, mr, overlapping)
+    _check_sequence_values(op, "col_pooling_sequence", cols, w, mc, overlapping)
+
+
+def max_grad_mismatch(op: str) -> InvalidArgumentError:
+    """The error of FractionalMaxPoolGrad when orig_output is not the max pooling of
+    orig_input over the sequences (TF's tensor_out_dup check)."""
+    return InvalidArgumentError(
+        f"{op}: tensor_out_dup is not the same as tensor_out (orig_output is not the max "
+        "pooling of orig_input over these sequences; a cell whose first element is NaN, "
+        "or whose elements are all -inf, never matches the forward op's output)")
+
+
 def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every check of ``op``'s arguments that needs only their shapes, dtypes and attrs (and
     the values of its shape input), in TF's order; array inputs may be shape-only
@@ -305,7 +334,7 @@ def _forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...], pseud
              seed2: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out_shape = check(op, locals())["output"]
     shape = tuple(int(d) for d in value.shape)
-    s, s2 = _seeds(op, value.dtype, pooling_ratio, pseudo_random, overlapping, deterministic,
+    s, s2 = seeds(op, value.dtype, pooling_ratio, pseudo_random, overlapping, deterministic,
                    seed, seed2)
     if _config.use_reference() or not deterministic:
         rows, cols = pooling_sequences(shape, pooling_ratio, pseudo_random, s, s2)
@@ -313,29 +342,20 @@ def _forward(op: str, value: np.ndarray, pooling_ratio: tuple[float, ...], pseud
         r, c = _cached_sequences((shape[1], shape[2]), tuple(pooling_ratio), pseudo_random,
                                  s, s2)
         rows, cols = np.array(r, np.int64), np.array(c, np.int64)
-    rs, re = _cells(rows, out_shape[1], shape[1], overlapping)
-    cs, ce = _cells(cols, out_shape[2], shape[2], overlapping)
+    rs, re = cell_bounds(rows, out_shape[1], shape[1], overlapping)
+    cs, ce = cell_bounds(cols, out_shape[2], shape[2], overlapping)
     with flush_denormals():
         if _config.use_reference():
             fn = _max_pool_reference if op == "FractionalMaxPool" else _avg_pool_reference
             out = fn(value, rs, re, cs, ce)
         else:
-            from ..kernels import fractional_pool as K
+            from ..dispatch import fractional_pool as D
 
-            x = _kernel_input(value)
             if op == "FractionalMaxPool":
-                out = K.max_pool(x, rs, re, cs, ce, _lowest(value.dtype))
+                out = D.max_pool(value, rs, re, cs, ce, _lowest(value.dtype))
             else:
-                out = K.avg_pool(x, rs, re, cs, ce)
+                out = D.avg_pool(value, rs, re, cs, ce)
     return out, rows, cols
-
-
-def _kernel_input(a: np.ndarray) -> np.ndarray:
-    """C-contiguous and writeable: Numba types a read-only array differently, and one
-    compiled specialisation per dtype keeps compile time down (the kernels never write
-    their inputs)."""
-    a = np.ascontiguousarray(a)
-    return a if a.flags.writeable else a.copy()
 
 
 def _lowest(dtype: np.dtype) -> Any:
@@ -439,18 +459,16 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: np.ndarray, out_backprop: np.
                                col_pooling_sequence)
     g, (_, h, w, _) = out_backprop, in_shape
     mr, mc = g.shape[1], g.shape[2]
-    _check_avg_grad_signs(op, row_pooling_sequence, col_pooling_sequence, h, w, mr, mc,
-                          overlapping)
-    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, h, mr, overlapping)
-    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, w, mc, overlapping)
-    rs, re = _cells(row_pooling_sequence, g.shape[1], h, overlapping)
-    cs, ce = _cells(col_pooling_sequence, g.shape[2], w, overlapping)
+    check_gradient_sequences(op, row_pooling_sequence, col_pooling_sequence, h, w, mr, mc,
+                             overlapping)
+    rs, re = cell_bounds(row_pooling_sequence, g.shape[1], h, overlapping)
+    cs, ce = cell_bounds(col_pooling_sequence, g.shape[2], w, overlapping)
     with flush_denormals():
         if _config.use_reference():
             return _avg_pool_grad_reference(in_shape, g, rs, re, cs, ce)
-        from ..kernels import fractional_pool as K
+        from ..dispatch import fractional_pool as D
 
-        return K.avg_pool_grad(in_shape, _kernel_input(g), rs, re, cs, ce)
+        return D.avg_pool_grad(in_shape, g, rs, re, cs, ce)
 
 
 def _int_range(dtype: np.dtype) -> tuple[float, float]:
@@ -467,26 +485,20 @@ def FractionalMaxPoolGrad(orig_input: np.ndarray, orig_output: np.ndarray,
     op = "FractionalMaxPoolGrad"
     x, y, g = orig_input, orig_output, out_backprop
     _check_max_grad(op, x, y, g, row_pooling_sequence, col_pooling_sequence)
-    _check_sequence_values(op, "row_pooling_sequence", row_pooling_sequence, x.shape[1],
-                           y.shape[1], overlapping)
-    _check_sequence_values(op, "col_pooling_sequence", col_pooling_sequence, x.shape[2],
-                           y.shape[2], overlapping)
-    rs, re = _cells(row_pooling_sequence, y.shape[1], x.shape[1], overlapping)
-    cs, ce = _cells(col_pooling_sequence, y.shape[2], x.shape[2], overlapping)
+    check_gradient_sequences(op, row_pooling_sequence, col_pooling_sequence, x.shape[1],
+                             x.shape[2], y.shape[1], y.shape[2], overlapping)
+    rs, re = cell_bounds(row_pooling_sequence, y.shape[1], x.shape[1], overlapping)
+    cs, ce = cell_bounds(col_pooling_sequence, y.shape[2], x.shape[2], overlapping)
     with flush_denormals():
         if _config.use_reference():
             out, ok = _max_pool_grad_reference(x, y, g, rs, re, cs, ce)
         else:
-            from ..kernels import fractional_pool as K
+            from ..dispatch import fractional_pool as D
 
-            out = K.max_pool_grad(_kernel_input(x), _kernel_input(y), _kernel_input(g), rs,
-                                  re, cs, ce)
+            out = D.max_pool_grad(x, y, g, rs, re, cs, ce)
             ok = out is not None
     if not ok:
-        raise InvalidArgumentError(
-            f"{op}: tensor_out_dup is not the same as tensor_out (orig_output is not the max "
-            "pooling of orig_input over these sequences; a cell whose first element is NaN, "
-            "or whose elements are all -inf, never matches the forward op's output)")
+        raise max_grad_mismatch(op)
     return out
 
 

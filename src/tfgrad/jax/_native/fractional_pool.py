@@ -162,7 +162,7 @@ def _traced_seeds(op: str, dtype: Any, ratio: tuple[float, ...], pseudo_random: 
                   overlapping: bool, seed: Any, seed2: Any) -> tuple[jax.Array, ...]:
     """(seed lo, seed hi, seed2 lo, seed2 hi) for deterministic=True, with TF's (0, 0) rule
     applied at run time: a pair that is (0, 0) selects the NumPy op's process seeds."""
-    zeros = _fp._seeds(op, np.dtype(dtype), ratio, pseudo_random, overlapping, True, 0, 0)
+    zeros = _fp.seeds(op, np.dtype(dtype), ratio, pseudo_random, overlapping, True, 0, 0)
     words = (*_seed_words(seed), *_seed_words(seed2))
     subst = (*_seed_words(zeros[0]), *_seed_words(zeros[1]))
     both_zero = (words[0] | words[1] | words[2] | words[3]) == 0
@@ -337,10 +337,7 @@ def _check_sequences(op: str, rows: Any, cols: Any, h: int, w: int, mr: int, mc:
     if _is_traced(rows, cols):
         return
     r, c = np.asarray(rows), np.asarray(cols)
-    if op == "FractionalAvgPoolGrad":
-        _fp._check_avg_grad_signs(op, r, c, h, w, mr, mc, overlapping)
-    _fp._check_sequence_values(op, "row_pooling_sequence", r, h, mr, overlapping)
-    _fp._check_sequence_values(op, "col_pooling_sequence", c, w, mc, overlapping)
+    _fp.check_gradient_sequences(op, r, c, h, w, mr, mc, overlapping)
 
 
 # --------------------------------------------------------------------------------------
@@ -372,12 +369,13 @@ def _forward(op: str, value: Any, pooling_ratio: tuple[float, ...], pseudo_rando
     if _is_static(seed) and _is_static(seed2):
         # Known seeds: tfgrad's own host sequences (TF's bits, and its seeds rule for
         # (0, 0)) as constants; the windows fit the actual cells.
-        s1, s2 = _fp._seeds(op, np.dtype(x.dtype), ratio, pseudo_random, overlapping, True,
-                            int(seed), int(seed2))
+        s1, s2 = _fp.seeds(op, np.dtype(x.dtype), ratio, pseudo_random, overlapping, True,
+                           int(seed), int(seed2))
         r_np, c_np = _fp.pooling_sequences(shape, ratio, pseudo_random, s1, s2)
         rows, cols = jnp.asarray(r_np, _seq_dtype()), jnp.asarray(c_np, _seq_dtype())
-        kh, kw = (int(np.max(e - b)) + 1 for b, e in (_fp._cells(r_np, mr, h, overlapping),
-                                                        _fp._cells(c_np, mc, w, overlapping)))
+        kh, kw = (int(np.max(e - b)) + 1
+                  for b, e in (_fp.cell_bounds(r_np, mr, h, overlapping),
+                               _fp.cell_bounds(c_np, mc, w, overlapping)))
     else:
         k0, k1, s2lo, s2hi = _traced_seeds(op, x.dtype, ratio, pseudo_random, overlapping,
                                            seed, seed2)
@@ -555,10 +553,7 @@ def FractionalMaxPoolGrad(orig_input: Any, orig_output: Any, out_backprop: Any,
         best = jnp.where(nan_first, jnp.nan, best)
     if not _is_traced(x, y, row_pooling_sequence, col_pooling_sequence) and not bool(
             jnp.all(best == _ftz(y))):
-        raise InvalidArgumentError(
-            f"{op}: tensor_out_dup is not the same as tensor_out (orig_output is not the max "
-            "pooling of orig_input over these sequences; a cell whose first element is NaN, "
-            "or whose elements are all -inf, never matches the forward op's output)")
+        raise _fp.max_grad_mismatch(op)
     gf = _ftz(g)  # DAZ on the added gradients
     flat = (jnp.arange(h, dtype=jnp.int32)[:, None] * w
             + jnp.arange(w, dtype=jnp.int32)[None, :])[None, :, :, None]

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._errors import InvalidArgumentError
 from ...ops import fractional_pool as _fp
 
 # op -> output -> dtype -> largest distance allowed from tfgrad's CPU kernels (0: bit-identical)
@@ -89,7 +88,7 @@ def _taps(seq: np.ndarray, m: int, n: int, overlapping: bool,
           device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tap indices of a fixed window per cell: (clamped index [m, k], in cell [m, k], cell
     size [m]), k the largest cell size."""
-    s, e = _fp._cells(seq, m, n, overlapping)
+    s, e = _fp.cell_bounds(seq, m, n, overlapping)
     k = int((e - s).max()) + 1
     t = s[:, None] + np.arange(k)[None, :]
     idx = np.minimum(t, n - 1)
@@ -103,7 +102,7 @@ def _owners(seq: np.ndarray, m: int, n: int, overlapping: bool,
     (clamped cell index, holds) pairs. The later is the last cell starting at or before
     the position; the earlier is the one before (it holds the position only when cells
     overlap and the position is the later cell's start)."""
-    s, e = _fp._cells(seq, m, n, overlapping)
+    s, e = _fp.cell_bounds(seq, m, n, overlapping)
     pos = np.arange(n)
     last = np.searchsorted(s, pos, side="right") - 1
     out = []
@@ -131,7 +130,7 @@ def _forward(op: str, value: torch.Tensor, pooling_ratio: tuple[float, ...], pse
              seed2: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = tuple(int(d) for d in value.shape)
     _, mr, mc, _ = _fp.output_shape(shape, tuple(pooling_ratio))
-    s, s2 = _fp._seeds(op, np.dtype(_NP_DTYPES[value.dtype]), tuple(pooling_ratio),
+    s, s2 = _fp.seeds(op, np.dtype(_NP_DTYPES[value.dtype]), tuple(pooling_ratio),
                        pseudo_random, overlapping, deterministic, seed, seed2)
     rows, cols = _fp.pooling_sequences(shape, tuple(pooling_ratio), pseudo_random, s, s2)
     dev = value.device
@@ -184,9 +183,7 @@ def FractionalAvgPoolGrad(orig_input_tensor_shape: tuple[int, ...], out_backprop
     g = out_backprop
     _, mr, mc, _ = g.shape
     rows, cols = _host(row_pooling_sequence), _host(col_pooling_sequence)
-    _fp._check_avg_grad_signs(op, rows, cols, h, w, mr, mc, overlapping)
-    _fp._check_sequence_values(op, "row_pooling_sequence", rows, h, mr, overlapping)
-    _fp._check_sequence_values(op, "col_pooling_sequence", cols, w, mc, overlapping)
+    _fp.check_gradient_sequences(op, rows, cols, h, w, mr, mc, overlapping)
     dev = g.device
     _, _, rn = _taps(rows, mr, h, overlapping, dev)
     _, _, cn = _taps(cols, mc, w, overlapping, dev)
@@ -219,8 +216,7 @@ def FractionalMaxPoolGrad(orig_input: torch.Tensor, orig_output: torch.Tensor,
     _, h, w, _ = x.shape
     _, mr, mc, _ = y.shape
     rows, cols = _host(row_pooling_sequence), _host(col_pooling_sequence)
-    _fp._check_sequence_values(op, "row_pooling_sequence", rows, h, mr, overlapping)
-    _fp._check_sequence_values(op, "col_pooling_sequence", cols, w, mc, overlapping)
+    _fp.check_gradient_sequences(op, rows, cols, h, w, mr, mc, overlapping)
     dev = x.device
     ri, rv, _ = _taps(rows, mr, h, overlapping, dev)
     ci, cv, _ = _taps(cols, mc, w, overlapping, dev)
@@ -237,10 +233,7 @@ def FractionalMaxPoolGrad(orig_input: torch.Tensor, orig_output: torch.Tensor,
             arg = torch.where(better, (ri[:, a, None] * w + ci[None, :, b])[None, :, :, None],
                               arg)
     if not bool((best == _ftz(y)).all()):  # one bool read to the host
-        raise InvalidArgumentError(
-            f"{op}: tensor_out_dup is not the same as tensor_out (orig_output is not the max "
-            "pooling of orig_input over these sequences; a cell whose first element is NaN, "
-            "or whose elements are all -inf, never matches the forward op's output)")
+        raise _fp.max_grad_mismatch(op)
     gf = _ftz(g)  # DAZ on the added gradients
     flat = (torch.arange(h, device=dev)[:, None] * w
             + torch.arange(w, device=dev)[None, :])[None, :, :, None]

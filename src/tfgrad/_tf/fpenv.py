@@ -10,56 +10,46 @@ run under ``flush_denormals()``.
 them back after, so the NumPy references and the Numba kernels compute TF's bits without
 changing the caller's floating-point environment. Numba's ``prange`` worker threads are
 not the caller's: a parallel kernel sets the bits in its loop body and puts them back at
-the end of it (``kernels._simd.ftz_enter`` / ``ftz_exit``). MXCSR governs SSE / AVX arithmetic
-(float32 and float64; the half types are computed in float32).
+the end of it (``tfgrad._tf.mxcsr.ftz_enter`` / ``ftz_exit``). MXCSR governs SSE / AVX
+arithmetic (float32 and float64; the half types are computed in float32).
 
 x86-64 only: elsewhere the block runs in the default environment (no flushing) and
 denormal results can differ from TF's.
+
+(Numba is imported on the first flushed block, not with this module: the ops modules
+import it, and importing them must stay cheap.)
 """
 
 from __future__ import annotations
 
-import platform
-import threading
+from collections.abc import Callable
 
 import numpy as np
 
-X86 = platform.machine().lower() in ("x86_64", "amd64")
+from .._config import X86
+
+# The compiled MXCSR access (tfgrad._tf.mxcsr), loaded with Numba on the first use.
+_FTZ_DAZ = 0
+_GET: Callable[[], int] | None = None
+_PUT: Callable[[int], None] | None = None
 
 
-_WORKERS_STARTED = False
-_LOCK = threading.Lock()
+def _load() -> None:
+    """Import the compiled MXCSR access and start Numba's workers (once)."""
+    global _FTZ_DAZ, _GET, _PUT
+    from .._compile import start_workers
+    from .mxcsr import FTZ_DAZ, mxcsr_get, mxcsr_put
 
-
-def _start_numba_workers() -> None:
-    """Start Numba's worker threads before the first flushed block: a new thread takes
-    the MXCSR of the thread that starts it, and workers started inside a block would
-    keep FTZ / DAZ for good (the kernels restore what a worker had, see above)."""
-    global _WORKERS_STARTED
-    if _WORKERS_STARTED:  # (every op call comes here: no lock once done)
-        return
-    import numba
-
-    from .kernels._simd import touch_workers
-
-    with _LOCK:  # one parallel launch, even when the first ops come from several threads
-        if _WORKERS_STARTED:
-            return
-        mask = numba.get_num_threads()
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
-        try:
-            touch_workers(4 * numba.config.NUMBA_NUM_THREADS)
-        finally:
-            numba.set_num_threads(mask)
-        _WORKERS_STARTED = True
+    start_workers()  # before any flushed block: new threads inherit the bits
+    _FTZ_DAZ, _GET, _PUT = FTZ_DAZ, mxcsr_get, mxcsr_put
 
 
 def flush_this_thread() -> None:
     """Set FTZ and DAZ on this thread for good (for tfgrad's own pool threads)."""
     if X86:
-        from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
-
-        mxcsr_put(mxcsr_get() | FTZ_DAZ)
+        if _PUT is None:
+            _load()
+        _PUT(_GET() | _FTZ_DAZ)  # type: ignore[misc]
 
 
 class flush_denormals:  # (lower case: used as a function, ``with flush_denormals():``)
@@ -72,17 +62,14 @@ class flush_denormals:  # (lower case: used as a function, ``with flush_denormal
 
     def __enter__(self) -> None:
         if X86:
-            from .kernels._simd import FTZ_DAZ, mxcsr_get, mxcsr_put
-
-            _start_numba_workers()
-            self.old = mxcsr_get()
-            mxcsr_put(self.old | FTZ_DAZ)
+            if _PUT is None:
+                _load()
+            self.old = _GET()  # type: ignore[misc]
+            _PUT(self.old | _FTZ_DAZ)  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
         if X86:
-            from .kernels._simd import mxcsr_put
-
-            mxcsr_put(self.old)
+            _PUT(self.old)  # type: ignore[misc]
 
 
 def flushed(a: np.ndarray) -> np.ndarray:

@@ -1,0 +1,173 @@
+"""How tfgrad compiles its kernels and how many threads each call gets: the one policy.
+
+Compiling: every kernel is ``numba.njit`` with :data:`OPTIONS`:
+
+- ``cache=True``: compiled once per machine, then loaded from Numba's on-disk cache. Numba
+  keys that cache on the pickled closure of the function, and a Numba function pickles
+  with a fresh uuid in every process: a kernel must not close over one (a factory hands
+  its flags to the kernel as plain values; ``tests/test_cache.py`` checks this);
+- NumPy's error model: no zero-divisor check is emitted (TF's division gives inf / NaN);
+- never fastmath: it would let LLVM reorder, contract (FMA) and flush the float operations
+  whose order and rounding are TF's.
+
+Helpers are inlined into their callers (:func:`inline`). A kernel worth threading is one
+``prange`` function compiled twice (:class:`Twins`): with ``parallel=True``, and as a
+serial twin where ``prange`` is ``range``.
+
+Threading: :func:`launch` runs a kernel's serial twin when the call is small for its
+family (:data:`POLICY`: waking threads costs more than the work), when it has fewer than
+two independent parts, or when Numba has one thread; otherwise the parallel kernel, on
+``numba.get_num_threads()`` threads. :func:`threads` is the same choice as a thread count,
+for kernels run on tfgrad's own pool (``kernels._pool.run``). No result depends on the
+choice: every kernel computes each output in the same order on any number of threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+
+OPTIONS: dict[str, Any] = {"cache": True, "error_model": "numpy"}
+"""The options of every compiled kernel (never ``fastmath``)."""
+
+
+def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False,
+        nogil: bool = False) -> Any:
+    """``numba.njit`` with :data:`OPTIONS` (as ``@jit`` or ``@jit(parallel=True)``)."""
+    opts = dict(OPTIONS)
+    if parallel:
+        opts["parallel"] = True
+    if nogil:
+        opts["nogil"] = True
+    return numba.njit(**opts) if fn is None else numba.njit(**opts)(fn)
+
+
+def inline(fn: Callable[..., Any] | None = None, *, force: bool = False) -> Any:
+    """A helper compiled into each caller: Numba copies its IR at every call site, or
+    with ``force`` LLVM's always-inline does (deep nests of Numba-inlined helpers compile
+    slowly; the bits are the same either way)."""
+    opts: dict[str, Any] = {"error_model": OPTIONS["error_model"]}
+    if force:
+        opts["forceinline"] = True
+    else:
+        opts["inline"] = "always"
+    return numba.njit(**opts) if fn is None else numba.njit(**opts)(fn)
+
+
+class Twins:
+    """One ``prange`` kernel compiled twice, each on its first call: ``parallel`` (on
+    Numba's threads) and ``serial`` (on the calling thread). ``launch`` picks one.
+
+    The serial twin is a renamed copy of the function: Numba's cache holds one entry
+    per qualified name and does not key on the parallel flag."""
+
+    __slots__ = ("parallel", "py_func", "serial")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.py_func = fn
+        self.parallel = jit(fn, parallel=True)
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
+                                  fn.__defaults__, fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "_serial"
+        twin.__doc__ = fn.__doc__
+        self.serial = jit(twin)
+
+
+@dataclass(frozen=True)
+class Threading:
+    """How one family's calls use threads."""
+
+    parallel_min: int
+    """Work (elements; multiply-adds for depthwise convolution) from which a call is
+    threaded; smaller calls run on the calling thread alone."""
+    chunk: int = 0
+    """``prange`` iterations a thread takes at a time (``numba.set_parallel_chunksize``);
+    0: Numba's static split into equal parts."""
+
+
+POLICY: dict[str, Threading] = {
+    "fake_quant": Threading(1 << 15),
+    # one iteration at a time: a thread that is descheduled holds the others up less
+    "batch_norm": Threading(1 << 16, chunk=1),
+    "fractional_pool": Threading(1 << 16),
+    # tfgrad's own pool (kernels._pool.run), whose threads claim chunks as they come free
+    "depthwise_conv": Threading(1 << 20),
+}
+"""Each family's threading, by the family's name (``OpDef.family``)."""
+
+
+_GET_NUM_THREADS: Callable[[], int] | None = None
+
+
+def num_threads() -> int:
+    """``numba.get_num_threads()`` (this thread's setting) without the check that Numba's
+    threads are launched on every call, which is slow with the caches cold after an op:
+    the check runs once, then the threading layer's own getter is called."""
+    global _GET_NUM_THREADS
+    if _GET_NUM_THREADS is None:
+        numba.get_num_threads()  # (launches the threads)
+        from numba.np.ufunc import parallel
+
+        _GET_NUM_THREADS = getattr(parallel, "_get_num_threads", numba.get_num_threads)
+    return _GET_NUM_THREADS()
+
+
+def threads(family: str, work: int, units: int = 2) -> int:
+    """The threads a call of ``family`` gets: 1 when ``work`` is under the family's
+    ``parallel_min`` or the call has fewer than two independent parts (``units``: channel
+    blocks, row blocks, tasks), else :func:`num_threads`."""
+    if work < POLICY[family].parallel_min or units < 2:
+        return 1
+    return num_threads()
+
+
+def launch(family: str, kernel: Twins, work: int, *args: Any, units: int = 2) -> Any:
+    """``kernel(*args)``: its serial twin or its parallel form, as :func:`threads` says."""
+    policy = POLICY[family]
+    if work < policy.parallel_min or units < 2 or num_threads() < 2:  # (threads(), inlined)
+        return kernel.serial(*args)
+    chunk = policy.chunk
+    if not chunk:
+        return kernel.parallel(*args)
+    old = numba.get_parallel_chunksize()
+    numba.set_parallel_chunksize(chunk)
+    try:
+        return kernel.parallel(*args)
+    finally:
+        numba.set_parallel_chunksize(old)
+
+
+@jit(parallel=True)
+def _touch(n: int) -> int:  # pragma: no cover - compiled
+    s = 0
+    for i in numba.prange(n):
+        s += i
+    return s
+
+
+_WORKERS_STARTED = False
+_WORKERS_LOCK = threading.Lock()
+
+
+def start_workers() -> None:
+    """Start all of Numba's worker threads (once per process). A new thread takes the
+    floating-point environment (MXCSR) of the thread that starts it: workers started
+    inside a flushed block (``tfgrad._tf.fpenv``) would keep FTZ / DAZ for good."""
+    global _WORKERS_STARTED
+    if _WORKERS_STARTED:  # (every op call comes here: no lock once done)
+        return
+    with _WORKERS_LOCK:  # one launch, even when the first ops come from several threads
+        if _WORKERS_STARTED:
+            return
+        mask = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
+        try:
+            _touch(4 * numba.config.NUMBA_NUM_THREADS)
+        finally:
+            numba.set_num_threads(mask)
+        _WORKERS_STARTED = True

@@ -1,0 +1,193 @@
+"""The batch-norm ops on the compiled kernels (``tfgrad.kernels.batch_norm``,
+``batch_norm_grad``): x viewed as flat float32 rows, the kernel for the layout, Eigen's
+rsqrt of the variance, TF's thread split of the gradient sums, the blocks, the threads.
+
+The caller (``tfgrad.ops.batch_norm``) sets TF's FTZ / DAZ and silences NumPy's inf / NaN
+warnings (results here, as in TF).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._compile import Twins, launch, num_threads
+from .._config import tf_intra_op_threads
+from .._tf.eigen import redux_plan
+from .._tf.rsqrt import GRAD_DX_TILE, GRAD_SCALE_TILE, eigen_rsqrt
+from ..kernels import batch_norm as kf
+from ..kernels import batch_norm_grad as kg
+from ..kernels._simd import STREAM_MIN_BYTES, aligned_empty
+from ..kernels.batch_norm_common import ROWS_VEC, SLOT, VEC_BLOCK, L
+
+_F32 = np.float32
+_FAMILY = "batch_norm"
+
+
+def _run(kernel: Twins, x: np.ndarray, units: int, *args: object) -> None:
+    """``kernel(*args)`` over x's elements in ``units`` independent parts."""
+    launch(_FAMILY, kernel, x.size, *args, units=units)
+
+
+def _layout(x: np.ndarray, channel_last: bool) -> tuple[int, int, int]:
+    """(N, C, S) with rows j = n*S + s; NHWC is N = R rows of S = 1."""
+    if channel_last:
+        c = x.shape[-1]
+        return (x.size // c if c else 0), c, 1
+    n, c = x.shape[0], x.shape[1]
+    return n, c, int(np.prod(x.shape[2:]))
+
+
+def _f32_flat(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=_F32).reshape(-1)
+
+
+def _vec(a: np.ndarray) -> np.ndarray:
+    """A fresh writable float32 copy of a [C] vector: one compiled specialization."""
+    return np.array(a, _F32).reshape(-1)
+
+
+def _padded(a: np.ndarray) -> np.ndarray:
+    """A float32 copy of a [C] vector with 4 * L zeros after it (whole-vector loads)."""
+    out = np.zeros(a.size + 4 * L, _F32)
+    out[: a.size] = a
+    return out
+
+
+def _streams(out: np.ndarray) -> bool:
+    """Whether ``out`` (from aligned_empty) is written with non-temporal stores."""
+    return out.nbytes >= STREAM_MIN_BYTES and out.ctypes.data % 64 == 0
+
+
+def _channel_block(C: int, most: int = SLOT) -> int:
+    """Channels per NHWC column-sum block: as wide as possible (whole rows stream from
+    memory), narrow enough to give every thread a block. The sums do not depend on it."""
+    cb = -(-C // max(num_threads(), 1))
+    return int(min(most, max(16, -(-cb // 16) * 16)))
+
+
+def _rows_vec(grad: bool, x: np.ndarray, *args: object) -> None:
+    """The vector elementwise pass; args end with the output, whose alignment and size
+    decide streaming."""
+    _run(ROWS_VEC[grad, _streams(args[-1])], x, 2, *args)  # type: ignore[arg-type]
+
+
+def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarray,
+            variance: np.ndarray, eps: float, factor: float, channel_last: bool,
+            is_training: bool) -> tuple[np.ndarray, ...]:
+    """FusedBatchNorm on a non-empty x: (y, batch_mean, batch_variance, saved mean,
+    saved variance)."""
+    N, C, S = _layout(x, channel_last)
+    R = N * S
+    xf = _f32_flat(x)
+    vec = channel_last and C % L == 0
+    yf = aligned_empty((xf.size,), np.dtype(_F32))
+    m = np.empty(C, _F32) if is_training else _vec(mean)
+    v = np.empty(C, _F32) if is_training else _vec(variance)
+    args = (_vec(scale), _vec(offset), m, v, _F32(eps), bool(is_training), yf)
+    if vec:
+        if is_training:
+            cb = _channel_block(C, VEC_BLOCK)
+            mp, vp = _padded(m), _padded(v)
+            _run(kf.stats_nhwc_vec, xf, -(-C // cb), xf, R, C, cb, mp, vp)
+            m[:], v[:] = mp[:C], vp[:C]
+        sf = eigen_rsqrt(v + _F32(eps)) * args[0]
+        mp = _padded(m)
+        _rows_vec(False, xf, xf, xf, R, C, mp, _padded(sf), _padded(args[1]), mp, yf)
+    elif channel_last:
+        cb = _channel_block(C)
+        if is_training:
+            _run(kf.stats_nhwc, xf, -(-C // cb), xf, R, C, cb, m, v)
+        sf = eigen_rsqrt(v + _F32(eps)) * args[0]
+        _run(kf.affine_rows, xf, R, xf, R, C, m, sf, args[1], yf)
+    else:
+        _run(kf.fwd_nchw, xf, -(-C // 8), xf, N, C, S, *args, _streams(yf))
+    y = yf.reshape(x.shape)
+    if x.dtype != _F32:
+        y = y.astype(x.dtype)  # float16 overflows to inf, as TF's cast
+    if not is_training:
+        return y, m, v, m, v
+    adj = _F32(R) / _F32(max(R - 1, 1))  # Bessel's correction
+    f = _F32(factor)
+    if f == _F32(1):
+        return y, m, v * adj, m, v
+    om = _F32(1) - f
+    bm = om * _f32_flat(mean) + f * m
+    bv = om * _f32_flat(variance) + (f * adj) * v
+    return y, bm, bv, m, v
+
+
+def grad_plan(x: np.ndarray, channel_last: bool) -> tuple[int, bool, bool] | None:
+    """TF's thread split of the gradient's sums as the kernels run it (``row_block``,
+    ``zero_between``, ``zero_after``: ``tfgrad._tf.eigen.redux_plan``), or None where the
+    kernels do not reproduce TF's order: a single row (TF passes it through), or a
+    half-precision y_backprop, whose sum TF splits differently from the float32 sums
+    (only when emulating several TF threads)."""
+    n, c, s = _layout(x, channel_last)
+    threads = tf_intra_op_threads()
+    plan = redux_plan(n * s, c, x.dtype.itemsize, threads)
+    if n * s == 1 or plan != redux_plan(n * s, c, 4, threads):
+        return None
+    return plan
+
+
+def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var: np.ndarray,
+         eps: float, channel_last: bool, is_training: bool,
+         plan: tuple[int, bool, bool]) -> tuple[np.ndarray, ...]:
+    """FusedBatchNormGrad on a non-empty x: (x_backprop, scale_backprop, offset_backprop),
+    the sums split as ``plan`` (``grad_plan``) says."""
+    N, C, S = _layout(x, channel_last)
+    R = N * S
+    row_block, zb, za = plan[0], bool(plan[1]), bool(plan[2])
+    a = _vec(var) + _F32(eps)
+    if is_training:
+        c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
+        c0d = eigen_rsqrt(a, GRAD_DX_TILE)
+    else:
+        c0s = c0d = eigen_rsqrt(a)  # evaluated once, as a [C] vector
+    dyf = _f32_flat(dy)
+    xf = _f32_flat(x)
+    vec = channel_last and C % L == 0
+    dxf = aligned_empty((xf.size,), np.dtype(_F32))
+    sb = np.empty(C, _F32)
+    ob = np.empty(C, _F32)
+    args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
+    if not channel_last:
+        _run(kg.grad_nchw, xf, -(-C // 8), dyf, xf, N, C, S, row_block, zb, za, *args,
+             _streams(dxf))
+    else:
+        if vec:
+            cb = _channel_block(C, VEC_BLOCK)
+            sp = np.empty((3, C + 4 * L), _F32)
+            # with frozen statistics dx = dy * (rsqrt(var + eps) * scale) in this pass
+            kc = c0s if is_training else c0d * args[0]
+            _run(kg.grad_sums_nhwc_vec, xf, -(-C // cb), dyf, xf, R, C, cb, row_block, zb, za,
+                 _padded(args[1]), _padded(kc), bool(is_training), sp.reshape(-1), dxf,
+                 not is_training and _streams(dxf))
+            sums = sp[:, :C]
+        else:
+            sums = np.empty((3, C), _F32)
+            cb = _channel_block(C)
+            _run(kg.grad_sums_nhwc, xf, -(-C // cb), dyf, xf, R, C, cb, row_block, zb, za,
+                 args[1], c0s, bool(is_training), sums)
+        ob[:] = sums[1]
+        # the same float32 operations as grad_nchw
+        if is_training:
+            sb[:] = sums[0]
+            f1 = args[0] * c0d  # TF's coef1
+            f2 = (c0d * c0d) * (sums[2] / _F32(R))  # coef2
+            f3 = sums[1] * (_F32(1) / _F32(R))  # mean of y_backprop
+        else:
+            sb[:] = sums[2] * c0d
+            f1 = c0d * args[0]
+            f2 = f3 = f1
+        if vec:
+            if is_training:
+                _rows_vec(True, xf, dyf, xf, R, C, _padded(f1), _padded(f2), _padded(f3),
+                          _padded(args[1]), dxf)
+        else:
+            _run(kg.dx_rows, xf, R, dyf, xf, R, C, f1, f2, f3, args[1], bool(is_training),
+                 dxf)
+    dx = dxf.reshape(x.shape)
+    if x.dtype != _F32:
+        dx = dx.astype(x.dtype)
+    return dx, sb, ob

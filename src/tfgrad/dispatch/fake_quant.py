@@ -1,0 +1,81 @@
+"""The fake-quant ops on the compiled kernels (``tfgrad.kernels.fake_quant``): channels-last
+rows, the nudged range's values, Eigen's reduction plan for the sums."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._compile import launch
+from .._tf.eigen import reduction_plan
+from ..kernels import fake_quant as k
+
+F32 = np.float32
+_FAMILY = "fake_quant"
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """C-contiguous 1-D view (copy only if needed)."""
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+def _as_rows(a: np.ndarray, d: int) -> np.ndarray:
+    """C-contiguous [N, d] view (copy only if needed) of channels-last data (d > 0)."""
+    return np.ascontiguousarray(a).reshape(-1, d)
+
+
+def quantize(x: np.ndarray, p: Any, divide: bool) -> np.ndarray:
+    """The forward for ``p`` (``ops.fake_quant.Nudged``): one range ([] arrays) or one per
+    channel ([d]); ``divide``: Vars (t = shifted / scale)."""
+    if p.nmin.ndim == 0:  # one range for the whole tensor
+        if bool(p.zero):
+            return np.zeros(x.shape, F32)
+        out = np.empty(x.shape, F32)
+        launch(_FAMILY, k.quantize_flat, x.size, _flat(x), float(p.nmin), float(p.nmax),
+               float(p.scale), float(p.inv), float(p.qz), divide, out.reshape(-1))
+        return out
+    d = x.shape[-1]
+    out = np.empty(x.shape, F32)
+    if out.size:
+        launch(_FAMILY, k.quantize_channels, x.size, _as_rows(x, d), p.nmin, p.nmax, p.scale,
+               p.inv, p.qz, out.reshape(-1, d))
+        for c in np.flatnonzero(p.zero):  # min == max == 0: zeros
+            out[..., c] = 0
+    return out
+
+
+def mask_gradient(g: np.ndarray, x: np.ndarray, p: Any) -> np.ndarray:
+    """The Args gradient: g where nmin <= x <= nmax (no sums)."""
+    dx = np.empty(x.shape, F32)
+    launch(_FAMILY, k.mask_gradient, x.size, _flat(g), _flat(x), float(p.nmin), float(p.nmax),
+           dx.reshape(-1))
+    return dx
+
+
+def gradient(g: np.ndarray, x: np.ndarray, p: Any, cost: float
+             ) -> tuple[np.ndarray, Any, Any]:
+    """dx (shape of x) and the sums (shape of p's arrays) for one range or one per channel
+    (at least one channel); ``cost``: Eigen's cycles per value of the summed expression."""
+    dx = np.empty(x.shape, F32)
+    if p.nmin.ndim == 0:
+        if bool(p.zero):
+            return g.copy(), F32(0), F32(0)
+        sums = np.zeros(2, F32)
+        plan = reduction_plan(x.size, 1, cost)
+        launch(_FAMILY, k.gradient_flat, x.size, _flat(g), _flat(x), float(p.nmin),
+               float(p.nmax), *plan, dx.reshape(-1), sums, units=plan[1].size - 1)
+        return dx, sums[0], sums[1]
+    d = x.shape[-1]
+    dmin = np.zeros(d, F32)
+    dmax = np.zeros(d, F32)
+    if x.size:
+        n = x.size // d
+        plan = reduction_plan(n, d, cost)
+        tasks = (plan[1].size - 1) * -(-d // plan[3])  # subtrees x channel blocks
+        launch(_FAMILY, k.gradient_channels, x.size, _as_rows(g, d), _as_rows(x, d), p.nmin,
+               p.nmax, *plan, dx.reshape(-1, d), dmin, dmax, units=tasks)
+        for c in np.flatnonzero(p.zero):  # min == max == 0: pass through
+            dx[..., c] = g[..., c]
+            dmin[c] = dmax[c] = 0
+    return dx, dmin, dmax
