@@ -8,7 +8,9 @@ lists them. Family ``f`` has the module ``tfgrad.testing.cases.f``, which define
   TF, the generic tests, ``tfgrad conformance``);
 - ``ERROR_CASES`` (list of :class:`~tfgrad.testing.cases.ErrorCase`): malformed calls;
 - ``BENCHES`` (list of :class:`~tfgrad.testing.harness.Bench`): the benchmark shapes
-  (``tfgrad bench``, ``benchmarks/run.py``).
+  (``tfgrad bench``, ``benchmarks/run.py``);
+- ``processor_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
+  whose bits depend on the processor (fixtures recorded on another one skip them).
 
 Adding an op touches the op table, its ``ops`` and ``kernels`` modules and its family's
 module here. ``oracle`` (TensorFlow as the reference) and ``harness`` (benchmark timing)
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 from .._opdefs import FAMILIES as _OP_FAMILIES
 
@@ -46,3 +49,11 @@ def load(families: list[str] | tuple[str, ...] | None = None,
                             f"{type(e).__name__}: {e}")
     return modules, problems
 
+
+def processor_dependent(case: Any, kwargs: dict[str, Any]) -> set[str]:
+    """The outputs of ``case`` (called with ``kwargs``) whose bits depend on the processor,
+    as its family module declares them (none where it declares nothing)."""
+    from .._opdefs import OPS
+
+    declared = getattr(family(OPS[case.op].family), "processor_dependent", None)
+    return set(declared(case, kwargs)) if declared else set()
