@@ -12,10 +12,10 @@ import sys
 
 from tfgrad.testing import FAMILIES as _ALL
 from tfgrad.testing import family as _family
-from tfgrad.testing.cases import TF_ERROR_NAMES, Case, ErrorCase, tf_class_name
+from tfgrad.testing.cases import TF_ERROR_NAMES, Case, ErrorCase, Warmup, tf_class_name
 
-__all__ = ["Case", "ErrorCase", "TF_ERROR_NAMES", "tf_class_name", "FAMILIES", "CASES",
-           "ERROR_CASES"]
+__all__ = ["Case", "ErrorCase", "Warmup", "TF_ERROR_NAMES", "tf_class_name", "FAMILIES",
+           "CASES", "ERROR_CASES"]
 
 _names = [f for f in os.environ.get("TFGRAD_FAMILIES", "").split(",") if f] or list(_ALL)
 FAMILIES: dict[str, tuple[list[Case], list[ErrorCase]]] = {}

@@ -9,6 +9,8 @@ lists them. Family ``f`` has the module ``tfgrad.testing.cases.f``, which define
 - ``ERROR_CASES`` (list of :class:`~tfgrad.testing.cases.ErrorCase`): malformed calls;
 - ``BENCHES`` (list of :class:`~tfgrad.testing.harness.Bench`): the benchmark shapes
   (``tfgrad bench``, ``benchmarks/run.py``);
+- ``WARMUP`` (list of :class:`~tfgrad.testing.cases.Warmup`, optional): inputs that
+  ``tfgrad warmup`` runs besides every case and every benchmark shape;
 - ``processor_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
   whose bits depend on the processor (fixtures recorded on another one skip them).
 

@@ -7,12 +7,17 @@ one ``raw_ops`` call from a random generator; the same case drives
 - the fixture tests (tfgrad kernel and NumPy reference against the stored TF outputs),
 - the live tests (fresh seeds, TF run in the same process, when TF is importable),
 - the no-mutation and layout tests,
-- ``tfgrad conformance`` (fresh seeds against TF).
+- ``tfgrad conformance`` (fresh seeds against TF) and ``tfgrad warmup`` (its inputs).
 
 An :class:`ErrorCase` is an input TF's kernel rejects (or that tfgrad rejects on
 purpose): tfgrad must raise ``error`` with a message matching ``match``; where TF rejects
 it, TF must raise the class of the same name (``tf_class``) with a message matching
 ``match`` too.
+
+A :class:`Warmup` is a further input for ``tfgrad warmup``, which runs every case and
+every benchmark shape of the family and then these: inputs that select kernel variants
+the cases and benchmarks do not (other dtypes and attrs at sizes that take the threaded
+kernels).
 """
 
 from __future__ import annotations
@@ -86,6 +91,15 @@ class ErrorCase:
         (InvalidDtypeError -> InvalidArgumentError, ResourceLimitError ->
         ResourceExhaustedError)."""
         return self.tf_error or tf_class_name(self.error)
+
+
+@dataclass(frozen=True)
+class Warmup:
+    op: str
+    name: str
+    make: Callable[[np.random.Generator], dict[str, Any]]
+    large: bool = False
+    """Sized for the threaded kernels (``tfgrad warmup --small`` leaves it out)."""
 
 
 TF_ERROR_NAMES = ("InvalidArgumentError", "UnimplementedError", "ResourceExhaustedError",

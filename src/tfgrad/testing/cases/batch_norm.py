@@ -21,7 +21,7 @@ from tfgrad._opdefs import OPS
 from tfgrad.errors import InvalidDtypeError, NotFoundError
 
 from ..harness import Bench, array_bytes, torch_module
-from . import Case, ErrorCase
+from . import Case, ErrorCase, Warmup
 
 F32 = np.float32
 F16 = np.float16
@@ -519,3 +519,27 @@ for _fmt in ("NHWC", "NCHW"):
               _bench_fwd_bytes, torch=_bench_torch_fwd(_fmt, False)),
     ]
 
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+# Every op, dtype, data format and mode, tiny and at 2**17 elements and more (threaded
+# kernels); shapes in channel-last order.
+_WARM_SHAPES = {False: ((2, 3, 4, 3), (2, 2, 3, 4, 3)), True: ((8, 32, 32, 16),
+                                                               (8, 4, 32, 32, 16))}
+WARMUP: list[Warmup] = []
+for _large, (_four, _five) in _WARM_SHAPES.items():
+    for _op in FWD + GRAD:
+        for _t in OPS[_op].type_attr("T").allowed:
+            for _fmt in OPS[_op].attr("data_format").allowed:
+                _shape = _five if _fmt in ("NDHWC", "NCDHW") else _four
+                _dt = BF16 if _t == "bfloat16" else np.dtype(_t).type
+                for _training in (True, False):
+                    _name = f"{_t}_{list(_shape)}_{_fmt}_{'train' if _training else 'infer'}"
+                    if _op in GRAD:
+                        _make = _grad_maker(_op, _shape, _dt, _fmt, _training, 1e-3)
+                        WARMUP.append(Warmup(_op, _name, _make, _large))
+                        continue
+                    for _factor in ((1.0, 0.5) if _training else (1.0,)):
+                        _make = _fwd_maker(_shape, _dt, _fmt, _training, 1e-3, _factor)
+                        WARMUP.append(Warmup(_op, f"{_name}_f{_factor}", _make, _large))

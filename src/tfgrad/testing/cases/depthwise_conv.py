@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import ml_dtypes
+import numba
 import numpy as np
 
 from tfgrad import InvalidArgumentError
 from tfgrad.ops.depthwise_conv import window
 
 from ..harness import Bench, array_bytes
-from . import Case, ErrorCase
+from . import Case, ErrorCase, Warmup
 
 FWD = "DepthwiseConv2dNative"
 BI = "DepthwiseConv2dNativeBackpropInput"
@@ -438,3 +439,29 @@ BENCHES = [
     for shape in BENCH_SHAPES for op in ("fwd", "bi", "bf")
 ]
 
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+# Every dtype and layout with each padding, a stride, a dilation and a non-finite filter
+# (another BackpropInput kernel), 3x3: tiny, and large with as many images as threads
+# (BackpropFilter's kernel depends on the batch against the thread count). A new kernel
+# variant that no case or benchmark selects gets a row here.
+_WARM_VARIANTS = [  # (padding, pads, stride, dilation, inf filter)
+    ("SAME", None, 1, 1, False),
+    ("VALID", None, 2, 1, False),
+    ("EXPLICIT", (1, 1, 1, 1), 1, 1, False),
+    ("SAME", None, 1, 2, False),
+    ("SAME", None, 1, 1, True),
+]
+_WARM_SIZES = {False: dict(N=1, H=5, W=5, C=2, M=2),
+               True: dict(N=max(2, numba.config.NUMBA_NUM_THREADS), H=16, W=16, C=8, M=2)}
+WARMUP: list[Warmup] = [
+    Warmup(c.op, c.name, c.make, large)
+    for large, size in _WARM_SIZES.items()
+    for nchw in (False, True)
+    for padding, pads, s, d, inf in _WARM_VARIANTS
+    for c in _cases(f"{'large' if large else 'tiny'}_{'nchw' if nchw else 'nhwc'}_{padding}"
+                    f"_s{s}_d{d}{'_inf' if inf else ''}", **size, s=s, padding=padding,
+                    pads=pads, dil=(d, d), nchw=nchw, dtypes=ALL4, inf_filter=inf)
+]

@@ -20,7 +20,7 @@ from tfgrad import InvalidArgumentError as IAE
 from tfgrad.ops.fake_quant import nudge
 
 from ..harness import Bench, array_bytes, torch_module
-from . import Case, ErrorCase
+from . import Case, ErrorCase, Warmup
 
 F32 = np.float32
 _OPS = {
@@ -401,3 +401,31 @@ BENCHES = [
           _bench_bytes, torch=_bench_torch(False, True)),
 ]
 
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+def _warm_make(op: str, shape: tuple[int, ...], narrow: bool
+               ) -> Callable[[np.random.Generator], dict[str, Any]]:
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        kw: dict[str, Any] = {"inputs": rng.uniform(-8, 8, shape).astype(F32), "num_bits": 8,
+                              "narrow_range": narrow}
+        if op.endswith("Gradient"):
+            kw["gradients"] = rng.uniform(-2, 2, shape).astype(F32)
+        if "Args" in op:
+            kw.update(min=-3.0, max=4.0)
+        elif "PerChannel" in op:
+            kw.update(min=np.full(shape[-1], -3, F32), max=np.full(shape[-1], 4, F32))
+        else:
+            kw.update(min=F32(-3), max=F32(4))
+        return kw
+
+    return make
+
+
+# Every op with narrow_range off and on, tiny and at 2**17 elements (threaded kernels).
+WARMUP: list[Warmup] = [
+    Warmup(op, f"{list(shape)} narrow_range={narrow}", _warm_make(op, shape, narrow),
+           large=shape == (256, 512))
+    for shape in ((3, 5), (256, 512)) for narrow in (False, True) for op in _OPS.values()
+]

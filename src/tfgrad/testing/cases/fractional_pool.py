@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..harness import Bench, array_bytes
-from . import Case, ErrorCase
+from . import Case, ErrorCase, Warmup
 
 FLOATS = (np.float32, np.float64)
 DTYPES = (np.float32, np.float64, np.int32, np.int64)
@@ -628,3 +628,18 @@ for _ov in (False, True):
         Bench("FractionalAvgPoolGrad", _tag, _bench_avg_grad_make(_ov), _bench_avg_grad_bytes),
     ]
 
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+# Every op, dtype, overlapping and pseudo_random, tiny and large (threaded kernels).
+_WARM_SHAPES = {False: (2, 7, 6, 3), True: (4, 64, 64, 8)}
+WARMUP: list[Warmup] = []
+for _large, _shape in _WARM_SHAPES.items():
+    for _dt in DTYPES:
+        for _ov in (False, True):
+            _name = f"{_dt_name(_dt)}_{list(_shape)}_ov{int(_ov)}"
+            _built = [_fwd(op, f"{_name}_ps{int(ps)}", _dt, _ov, ps, _shape, (1.44, 1.73))
+                      for op in ("FractionalMaxPool", "FractionalAvgPool") for ps in (False, True)]
+            _built += [_max_grad(_name, _dt, _ov, _shape), _avg_grad(_name, _dt, _ov, _shape)]
+            WARMUP += [Warmup(c.op, c.name, c.make, _large) for c in _built]
