@@ -38,7 +38,6 @@ from numba import prange, uint64
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import harness  # noqa: E402
 import run  # noqa: E402
 
 from tfgrad.kernels._simd import (  # noqa: E402
@@ -50,6 +49,7 @@ from tfgrad.kernels._simd import (  # noqa: E402
     vstore_nt,
     vzeros,
 )
+from tfgrad.testing import FAMILIES, harness  # noqa: E402
 
 _L = 16  # float32 lanes of a _simd vector
 _CHUNK = 64 * _L  # floats of the L1 block that mac_rate reads (4 KiB)
@@ -211,11 +211,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes, one quick run each")
-    p.add_argument("--family", action="append", choices=run.FAMILIES)
+    p.add_argument("--family", action="append", choices=FAMILIES)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians")
     p.add_argument("--json", help="also write the results as JSON")
     args = p.parse_args(argv)
-    benches = run.load(args.family or run.FAMILIES)
+    benches = run.benches(args.family or list(FAMILIES))
     rate = mac_rate(args.smoke)
     rows = measure(benches, args.smoke, 1 if args.smoke else args.rounds, rate)
     env = dict(harness.environment(), mac_rate_G_per_s=round(rate / 1e9, 1))

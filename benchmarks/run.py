@@ -14,28 +14,17 @@ it keeps a slow spell from landing on one implementation only.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness  # noqa: E402
-
-FAMILIES = ("fake_quant", "batch_norm", "depthwise_conv", "fractional_pool")
+from tfgrad.testing import FAMILIES, harness, load
 
 
-def load(families):
-    benches = []
-    for fam in families:
-        try:
-            mod = importlib.import_module(f"bench_{fam}")
-        except ModuleNotFoundError as e:
-            if e.name == f"bench_{fam}":
-                continue
-            raise
-        benches.extend(mod.BENCHES)
-    return benches
+def benches(families: list[str]) -> list[harness.Bench]:
+    """Every benchmark of these families (their BENCHES, tfgrad.testing.cases.<family>)."""
+    modules, problems = load(families)
+    if problems:
+        raise SystemExit("\n".join(problems))
+    return [b for m in modules.values() for b in m.BENCHES]
 
 
 def main(argv=None) -> int:
@@ -51,13 +40,13 @@ def main(argv=None) -> int:
     p.add_argument("--interleave", action="store_true",
                    help="take the implementations' timing samples in turn, not one after another")
     args = p.parse_args(argv)
-    benches = load(args.family or FAMILIES)
+    selected = benches(args.family or list(FAMILIES))
     if args.op:
-        benches = [b for b in benches if b.name == args.op]
+        selected = [b for b in selected if b.name == args.op]
     rounds = []
     for k in range(max(1, args.rounds)):
         rows = []
-        for b in benches:
+        for b in selected:
             rows.append(harness.run_bench(b, smoke=args.smoke, offset=args.offset,
                                           interleave=args.interleave))
             print(f"  [{k + 1}] {b.name} {b.shape}: {rows[-1]['tfgrad_ms']:.3f} ms",

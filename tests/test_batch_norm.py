@@ -210,6 +210,20 @@ def test_rsqrt_approximation_applies_to_full_packets_only():
     assert _bits_equal(t[4050:4098], bn.eigen_rsqrt(w[4050:4098]))
 
 
+def test_processor_dependent_outputs_are_the_rsqrt_ones():
+    # The outputs the fixtures skip on another processor: y of the forward ops, x_backprop
+    # and scale_backprop of the gradients, in some of each op's fixtures and only those.
+    from tests import fixture_store
+    from tfgrad.testing.cases import batch_norm as cases
+
+    fixtures = fixture_store.load("batch_norm")
+    for name in cases.FWD + cases.GRAD:
+        want = {"x_backprop", "scale_backprop"} if "Grad" in name else {"y"}
+        sets = [cases.processor_dependent(c, fixtures[c.id][0])
+                for c in cases.CASES if c.op == name]
+        assert want in sets and all(s in (set(), want) for s in sets), name
+
+
 @pytest.mark.live
 def test_rsqrt_special_values_match_tf():
     # var + eps in {0, tiny, subnormal, huge, inf}: the Newton step's NaN falls back to y0.

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tfgrad.testing import harness
+from tfgrad.testing.cases import batch_norm, depthwise_conv
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,18 +26,16 @@ def test_benchmark_smoke(tmp_path):
         assert row["tfgrad_ms"] > 0 and row["floor_ms"] > 0
 
 
-def _bench(*names):
-    """The benchmarks/ modules of these names (that folder is no package)."""
+def _bounds():
+    """benchmarks/bounds.py (that folder is no package)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        mods = [importlib.import_module(n) for n in names]
+        return importlib.import_module("bounds")
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return mods[0] if len(mods) == 1 else mods
 
 
 def test_rounds_are_merged_into_medians_and_ranges():
-    harness = _bench("harness")
     rounds = [[{"op": "A", "case": "c", "tfgrad_ms": t, "tf_ms": f, "floor_ms": 1.0}]
               for t, f in ((1.0, 3.0), (2.0, 3.0), (4.0, 6.0))]
     (row,) = harness.merge_rounds(rounds)
@@ -46,7 +47,6 @@ def test_rounds_are_merged_into_medians_and_ranges():
 
 
 def test_interleaved_timing_takes_the_samples_in_turn():
-    harness = _bench("harness")
     calls = []
     fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
     secs = harness.time_interleaved(fns, repeat=3, min_time=0.0)
@@ -56,8 +56,7 @@ def test_interleaved_timing_takes_the_samples_in_turn():
 
 
 def test_run_bench_interleaved_reports_every_implementation():
-    harness, bench_depthwise_conv = _bench("harness", "bench_depthwise_conv")
-    row = harness.run_bench(bench_depthwise_conv.BENCHES[0], smoke=True, interleave=True)
+    row = harness.run_bench(depthwise_conv.BENCHES[0], smoke=True, interleave=True)
     assert row["tfgrad_ms"] > 0 and row["x_floor"] > 0
     for k in ("tf", "torch"):
         if f"{k}_ms" in row:
@@ -65,7 +64,6 @@ def test_run_bench_interleaved_reports_every_implementation():
 
 
 def test_inputs_are_placed_at_the_asked_offset_from_a_line():
-    harness = _bench("harness")
     import numpy as np
 
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -97,17 +95,16 @@ def test_bounds_smoke(tmp_path):
 
 
 def test_bounds_count_the_ops_bytes_and_multiply_adds():
-    bench_batch_norm, bench_depthwise_conv, bounds = _bench(
-        "bench_batch_norm", "bench_depthwise_conv", "bounds")
+    bounds = _bounds()
     import numpy as np
 
     rng = np.random.default_rng(0)
-    grad = next(b for b in bench_batch_norm.BENCHES if b.name == "FusedBatchNormGradV3")
+    grad = next(b for b in batch_norm.BENCHES if b.name == "FusedBatchNormGradV3")
     kw = grad.make(rng, True)
     # reads y_backprop and x, writes x_backprop: two inputs and one x-sized output
     assert [a.nbytes for a in bounds._big_inputs(kw)] == [kw["x"].nbytes] * 2
     assert grad.nbytes(kw) - 2 * kw["x"].nbytes == kw["x"].nbytes
-    for b in bench_depthwise_conv.BENCHES:
+    for b in depthwise_conv.BENCHES:
         kw = b.make(rng, True)
         fh, fw, C, M = (kw["filter"].shape if "filter" in kw
                         else tuple(int(v) for v in kw["filter_sizes"]))

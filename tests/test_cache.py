@@ -9,8 +9,10 @@ compiled them again (~35 s), ``cache=True`` notwithstanding.
 from __future__ import annotations
 
 import gc
+import importlib
 import itertools
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +21,11 @@ import pytest
 from numba.core.caching import NullCache
 from numba.core.registry import CPUDispatcher
 
-from tfgrad.kernels import (  # noqa: F401
-    batch_norm,
-    batch_norm_common,
-    batch_norm_grad,
-    depthwise_conv,
-    fake_quant,
-    fractional_pool,
-)
+import tfgrad.kernels
+from tfgrad.kernels import depthwise_conv
+
+for _m in pkgutil.iter_modules(tfgrad.kernels.__path__):  # (every kernel module, for the
+    importlib.import_module(f"tfgrad.kernels.{_m.name}")  # scan of live dispatchers below)
 
 ROOT = Path(__file__).resolve().parent.parent
 

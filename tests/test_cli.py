@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +20,14 @@ import numpy as np
 import pytest
 
 import tfgrad
-from tfgrad._opdefs import OPS
+from tfgrad._opdefs import FAMILIES, OPS
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("fake_quant", "batch_norm", "depthwise_conv", "fractional_pool")
 
 
 def tfgrad_cli(*args: str, timeout: float = 300, hide: tuple[str, ...] = (),
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+               env: dict[str, str] | None = None, cwd: Path = ROOT
+               ) -> subprocess.CompletedProcess:
     """Run ``python -m tfgrad args`` (with the modules in ``hide`` made unimportable)."""
     code = "import sys\n"
     for mod in hide:
@@ -34,21 +35,15 @@ def tfgrad_cli(*args: str, timeout: float = 300, hide: tuple[str, ...] = (),
     code += "from tfgrad.__main__ import main\nsys.exit(main(sys.argv[1:]))\n"
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=full_env)
+                          timeout=timeout, cwd=cwd, env=full_env)
 
 
 def has(*modules: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-def available_family(kind: str) -> str:
-    """A family whose benchmarks/bench_<f>.py (kind 'bench') or tests/cases/<f>.py exists."""
-    for fam in FAMILIES:
-        path = ROOT / ("benchmarks" if kind == "bench" else "tests/cases") / (
-            f"bench_{fam}.py" if kind == "bench" else f"{fam}.py")
-        if path.is_file():
-            return fam
-    pytest.skip(f"no family has its {kind} file yet")
+QUICK_FAMILY = next(iter(FAMILIES))
+"""The family of the quick runs: the op table's first."""
 
 
 # --- top level -----------------------------------------------------------------------------
@@ -117,7 +112,7 @@ def test_ops_markdown_and_json():
 
 # --- warmup --------------------------------------------------------------------------------
 def test_warmup_one_family():
-    r = tfgrad_cli("warmup", "--family", "fake_quant", "--small", "-q")
+    r = tfgrad_cli("warmup", "--family", QUICK_FAMILY, "--small", "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"warmup: \d+ calls in [\d.]+ s \(kernel\); 0 failed", r.stdout)
 
@@ -172,7 +167,7 @@ def test_demo_rejects_bad_bits():
 
 # --- bench ---------------------------------------------------------------------------------
 def test_bench_quick(tmp_path):
-    fam = available_family("bench")
+    fam = QUICK_FAMILY
     r = tfgrad_cli("bench", "--quick", "--family", fam, "--no-torch", "--out", str(tmp_path),
                    *(() if has("matplotlib") else ("--no-plot",)))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -193,25 +188,35 @@ def test_bench_list():
     assert r.returncode == 0, r.stderr
 
 
-def test_outside_a_checkout_bench_and_conformance_say_so(tmp_path, monkeypatch):
-    from tfgrad._cli import _common
+def test_bench_and_conformance_need_no_checkout(tmp_path):
+    """What they load ships in the package: a copy of it alone (no tests/, no benchmarks/,
+    run from elsewhere) lists every benchmark and runs the conformance check."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(tfgrad.__file__).parent, site / "tfgrad",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(site), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    where = subprocess.run([sys.executable, "-c", "import tfgrad; print(tfgrad.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env=dict(os.environ, **env))
+    assert where.stdout.strip() == str(site / "tfgrad" / "__init__.py"), where
+    r = tfgrad_cli("bench", "--list", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from tfgrad import testing
 
-    site = tmp_path / "site-packages" / "tfgrad"
-    site.mkdir(parents=True)
-    monkeypatch.setattr(tfgrad, "__file__", str(site / "__init__.py"))
-    monkeypatch.delenv("TFGRAD_SOURCE", raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert _common.source_checkout() is None
-    with pytest.raises(_common.CLIError, match="source checkout"):
-        _common.need_checkout("tfgrad bench", "the benchmarks", "bench", None)
-    monkeypatch.setenv("TFGRAD_SOURCE", str(ROOT))
-    assert _common.source_checkout() == ROOT
+    for fam in FAMILIES:
+        for b in testing.family(fam).BENCHES:
+            assert re.search(rf"^{b.name} +{re.escape(b.shape)}$", r.stdout, re.M), b.name
+    if has("tensorflow"):  # (the NumPy reference: nothing to compile)
+        r = tfgrad_cli("conformance", "--family", QUICK_FAMILY, "--cases", "1", "--seed", "1",
+                       "--impl", "reference", "--no-errors", env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "seed 1;" in r.stdout
 
 
 # --- conformance ---------------------------------------------------------------------------
 @pytest.mark.live
 def test_conformance_quick():
-    fam = available_family("cases")
+    fam = QUICK_FAMILY
     r = tfgrad_cli("conformance", "--family", fam, "--cases", "1", "--seed", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "seed 1;" in r.stdout and "bit-identical" in r.stdout

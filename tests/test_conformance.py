@@ -19,6 +19,8 @@ import pytest
 import tfgrad
 from tests import fixture_store, oracle
 from tests.cases import CASES, ERROR_CASES, FAMILIES
+from tfgrad import testing
+from tfgrad.testing import processor_dependent
 
 FIXTURES = {fam: fixture_store.load(fam) for fam in FAMILIES}
 _FIXTURE_CASES = [
@@ -43,24 +45,11 @@ def _same_rsqrt() -> bool:
     return recorded == fixture_store.rsqrt_signature()
 
 
-def _rsqrt_outputs(case, kwargs: dict) -> set[str]:
-    """The outputs of a batch-norm case computed with the approximate rsqrt: y,
-    x_backprop and scale_backprop, when some channel is in a full packet of 8."""
-    op = tfgrad.get_op_def(case.op)
-    if op.family != "batch_norm":
-        return set()
-    from tfgrad.ops import batch_norm as bn
-
-    c = bn._channels(kwargs["x"], bn._CHANNEL_LAST[kwargs.get("data_format", "NHWC")])
-    names = {o.name for o in op.outputs}
-    return {"y", "x_backprop", "scale_backprop"} & names if c >= 8 else set()
-
-
 @pytest.mark.parametrize("family,case_id", _FIXTURE_CASES)
 def test_fixture(family, case_id):
     kwargs, expected = FIXTURES[family][case_id]
     case = _case(case_id)
-    skip = _rsqrt_outputs(case, kwargs)
+    skip = processor_dependent(case, kwargs)
     if skip and _same_rsqrt():
         skip = set()
     for impl in ("kernel", "reference"):
@@ -74,17 +63,19 @@ def test_fixture(family, case_id):
 
 
 def test_fixture_processor_recorded():
-    # The batch-norm fixtures' rsqrt (Intel's and AMD's differ) is on record, and the
-    # outputs skipped on another processor are real outputs of every batch-norm op.
+    # The fixtures' rsqrt (Intel's and AMD's differ) is on record, and the outputs a family
+    # declares processor-dependent are outputs of its ops, skipped in some fixtures of each.
     rec = fixture_store.recorded_processor()
     assert re.fullmatch(r"[0-9a-f]{16}", rec.get("rsqrt_signature", "")), rec
     assert rec.get("processor")
     for name, op in tfgrad._opdefs.OPS.items():
-        if op.family == "batch_norm":
-            want = {"x_backprop", "scale_backprop"} if "Grad" in name else {"y"}
-            sets = [_rsqrt_outputs(c, FIXTURES["batch_norm"][c.id][0])
-                    for c in CASES if c.op == name]
-            assert want in sets and all(s in (set(), want) for s in sets), name
+        if op.family not in FIXTURES:
+            continue
+        sets = [processor_dependent(c, FIXTURES[op.family][c.id][0])
+                for c in CASES if c.op == name]
+        assert all(s <= {o.name for o in op.outputs} for s in sets), name
+        declares = hasattr(testing.family(op.family), "processor_dependent")
+        assert any(sets) == declares, name
 
 
 def test_every_case_has_a_fixture():

@@ -1,7 +1,7 @@
 """Depthwise convolution: adjoint identities, pinned TF behaviours, properties, threads.
 
 The generic tests (tests/test_conformance.py) run the case table in
-tests/cases/depthwise_conv.py against TF's fixtures and live TF.
+tfgrad/testing/cases/depthwise_conv.py against TF's fixtures and live TF.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The portable torch and native JAX batch norm against tfgrad's exact kernels.
 
-Every case of tests/cases/batch_norm.py, with its own inputs and fresh ones, runs through
+Every case of tfgrad/testing/cases/batch_norm.py, with its own inputs and fresh ones, runs through
 ``tfgrad.torch._portable.batch_norm`` (CPU) and ``tfgrad.jax._native.batch_norm`` (CPU,
 jitted); each output must lie within the module's BOUNDS of ``tfgrad.raw_ops``, and within
 a tight bound where no output cancels to rounding noise. The gradient ops' own derivatives

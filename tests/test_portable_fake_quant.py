@@ -1,6 +1,6 @@
 """The portable torch and native JAX fake quantization against tfgrad's exact kernels.
 
-Every case of tests/cases/fake_quant.py, with its own inputs and fresh ones, runs through
+Every case of tfgrad/testing/cases/fake_quant.py, with its own inputs and fresh ones, runs through
 ``tfgrad.torch._portable.fake_quant`` (CPU) and ``tfgrad.jax._native.fake_quant`` (CPU,
 jitted); each output must lie within the module's BOUNDS of ``tfgrad.raw_ops`` (0:
 bit-identical). The min/max gradient sums, summed in another order than Eigen's, are also

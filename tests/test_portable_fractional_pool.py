@@ -1,6 +1,6 @@
 """The portable torch and native JAX fractional pooling against tfgrad's exact CPU kernels.
 
-Every case of ``tests/cases/fractional_pool.py`` runs through
+Every case of ``tfgrad/testing/cases/fractional_pool.py`` runs through
 ``tfgrad.torch._portable.fractional_pool`` (torch, CPU; plus two fresh draws of the case)
 and ``tfgrad.jax._native.fractional_pool`` (JAX, CPU, jitted with traced seeds; plus two
 fresh draws of values and seeds on the case's shapes, reusing the compilation); every

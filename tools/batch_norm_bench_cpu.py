@@ -16,12 +16,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ["NUMBA_NUM_THREADS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 
@@ -55,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args(argv)
-    import bench_batch_norm as bb
     import tensorflow as tf
     import torch
 
     import tfgrad
+    from tfgrad.testing.cases import batch_norm as bb
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

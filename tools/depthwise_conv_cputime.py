@@ -14,15 +14,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
 import json, os, sys, time
-sys.path.insert(0, sys.argv[2])
 import numpy as np
-from bench_depthwise_conv import BENCHES
+from tfgrad.testing.cases.depthwise_conv import BENCHES
 which = sys.argv[1]
 if which == "tf":
     import tensorflow as tf
@@ -52,7 +48,7 @@ print(json.dumps(out))
 def _run(which: str) -> dict[str, float]:
     env = dict(os.environ, NUMBA_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
                OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", _CHILD, which, str(ROOT / "benchmarks")],
+    res = subprocess.run([sys.executable, "-c", _CHILD, which],
                          env=env, check=True, capture_output=True, text=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -14,17 +14,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import numba
+import numpy as np
 
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_fake_quant import BENCHES  # noqa: E402
-from harness import _default_tf, tf_module  # noqa: E402
-
-import tfgrad  # noqa: E402
+import tfgrad
+from tfgrad.testing.cases.fake_quant import BENCHES
+from tfgrad.testing.harness import _default_tf, tf_module
 
 
 def measure(fn, repeat: int = 9) -> tuple[float, float]:

@@ -7,7 +7,7 @@ how long the OS leaves threads waiting. This measures the process CPU time per c
 (median of repeats) with tfgrad's Numba pool and TF's intra-op pool limited to the same
 number of threads (default 1): the work each implementation does, which is what the wall
 time becomes on an idle machine. The benchmark cases are those of
-benchmarks/bench_fractional_pool.py.
+tfgrad/testing/cases/fractional_pool.py (BENCHES).
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def cpu_ms(fn, repeat: int = 9) -> float:
@@ -43,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    import bench_fractional_pool as B
-
     import tfgrad
+    from tfgrad.testing.cases import fractional_pool as B
 
     print(f"threads={args.threads}  TF {tf.__version__} "
           f"(TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default')})")

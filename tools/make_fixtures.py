@@ -4,11 +4,12 @@
     python tools/make_fixtures.py              # every family
     python tools/make_fixtures.py fake_quant   # one family
 
-Each case of the op-case table (tests/cases/) is built with its fixed seed and run
+Each case of the op-case table (tfgrad/testing/cases/) is built with its fixed seed and run
 through tf.raw_ops on TF's reference CPU kernels (TF_ENABLE_ONEDNN_OPTS=0). Cases that
 TF's CPU kernel refuses (``tf_call``) are run in their TF-computable equivalent form.
-Generating batch_norm also writes tests/fixtures/processor.json: which approximate
-reciprocal square root the processor has (see tests/fixture_store.py).
+Generating a family whose outputs depend on the processor (batch_norm) also writes
+tests/fixtures/processor.json: which approximate reciprocal square root the processor has
+(see tests/fixture_store.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from tests import fixture_store, oracle  # noqa: E402
 from tests.cases import FAMILIES  # noqa: E402
+from tfgrad import testing  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -45,7 +47,7 @@ def main(argv: list[str]) -> int:
         np.savez_compressed(path, **data)
         print(f"{fam}: {len(cases)} cases -> {path.relative_to(ROOT)} "
               f"({path.stat().st_size // 1024} KiB)")
-        if fam == "batch_norm":  # (its outputs depend on the processor's rsqrtps)
+        if hasattr(testing.family(fam), "processor_dependent"):  # (batch norm's rsqrtps)
             fixture_store.record_processor()
     return 0
 

@@ -1,123 +1,28 @@
-"""The op-case table: one list of cases per op family, consumed by every generic test.
+"""The op-case table for the tests: the family modules shipped as tfgrad.testing.cases.
 
-Modelled on PyTorch's OpInfo database. A :class:`Case` builds the keyword arguments of
-one ``raw_ops`` call from a random generator; the same case drives
-
-- the golden fixtures (``tools/make_fixtures.py`` runs TF 2.21 on it with a fixed seed),
-- the fixture tests (tfgrad kernel and NumPy reference against the stored TF outputs),
-- the live tests (fresh seeds, TF run in the same process, when TF is importable),
-- the no-mutation and layout tests.
-
-An :class:`ErrorCase` is an input TF's kernel rejects (or that tfgrad rejects on
-purpose): tfgrad must raise ``error`` with a message matching ``match``; where TF rejects
-it, TF must raise the class of the same name (``tf_class``) with a message matching
-``match`` too.
+``tests.cases.<family>`` is the shipped module itself (aliased, not a second copy), and
+``CASES`` / ``ERROR_CASES`` gather every family's. TFGRAD_FAMILIES=fake_quant,batch_norm
+restricts the table (and these aliases) to those families, for work on one family.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import os
+import sys
 
-import numpy as np
+from tfgrad.testing import FAMILIES as _ALL
+from tfgrad.testing import family as _family
+from tfgrad.testing.cases import TF_ERROR_NAMES, Case, ErrorCase, Warmup, tf_class_name
 
+__all__ = ["Case", "ErrorCase", "Warmup", "TF_ERROR_NAMES", "tf_class_name", "FAMILIES",
+           "CASES", "ERROR_CASES"]
 
-@dataclass(frozen=True)
-class Case:
-    op: str
-    name: str
-    make: Callable[[np.random.Generator], dict[str, Any]]
-    ulps: dict[str, int] = field(default_factory=dict)
-    """Allowed distance from TF in float ulps per output name (absent: bit-identical)."""
-    tf_call: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]] | None = None
-    """For cases TF's Eigen CPU kernel refuses (NCHW, dilations...): builds the equivalent
-    call ``(op_name, kwargs)`` that TF does compute; its outputs, mapped by
-    ``tf_outputs``, are what tfgrad must return."""
-    tf_outputs: Callable[[Any], Any] | None = None
-    """Maps TF's outputs of the ``tf_call`` call back to the outputs of this case."""
-    live: bool = True
-    """Also run against live TF on fresh inputs."""
-
-    @property
-    def id(self) -> str:
-        return f"{self.op}/{self.name}"
-
-    def seed(self) -> int:
-        return zlib.crc32(self.id.encode())
-
-    def kwargs(self, seed: int | None = None) -> dict[str, Any]:
-        rng = np.random.default_rng(self.seed() if seed is None else seed)
-        return self.make(rng)
-
-
-@dataclass(frozen=True)
-class ErrorCase:
-    op: str
-    name: str
-    kwargs: Callable[[], dict[str, Any]]
-    error: type[Exception]
-    """The class tfgrad raises: one of ``tfgrad.errors`` (TF's names), or TypeError."""
-    match: str
-    """Regular expression that tfgrad's message must match (re.search), and TF's too
-    where TF rejects the call (unless ``tf_match``): tfgrad's messages start with TF's
-    words."""
-    tf_rejects: bool = True
-    """TF 2.21 (Eigen path) rejects the same call; checked live. False where TF accepts
-    (or crashes on) input that tfgrad rejects on purpose; the reason goes in ``why``."""
-    why: str = ""
-    tf_error: str = ""
-    """The class TF raises, by name, where it is not the one ``error`` stands for (a
-    deliberate difference, explained in ``why``); see :attr:`tf_class`."""
-    tf_match: str | None = None
-    """Regular expression for TF's message where TF's words are not tfgrad's (``why``)."""
-
-    @property
-    def id(self) -> str:
-        return f"{self.op}/{self.name}"
-
-    @property
-    def tf_class(self) -> str:
-        """The name of the class TF 2.21 raises: a ``tf.errors`` class, or a Python
-        built-in (TypeError) raised by TF's binding. By default the TF class that
-        ``error`` stands for: its first base of that name in ``tfgrad.errors``
-        (InvalidDtypeError -> InvalidArgumentError, ResourceLimitError ->
-        ResourceExhaustedError)."""
-        return self.tf_error or tf_class_name(self.error)
-
-
-TF_ERROR_NAMES = ("InvalidArgumentError", "UnimplementedError", "ResourceExhaustedError",
-                  "NotFoundError")
-"""The ``tf.errors`` classes TF 2.21 raises for these ops (``tfgrad.errors`` has them)."""
-
-
-def tf_class_name(cls: type[Exception]) -> str:
-    for c in cls.__mro__:
-        if c.__name__ in TF_ERROR_NAMES:
-            return c.__name__
-    return cls.__name__
-
-
-def _families() -> dict[str, tuple[list[Case], list[ErrorCase]]]:
-    import importlib
-    import os
-
-    # TFGRAD_FAMILIES=fake_quant,batch_norm restricts the table (for work on one family).
-    names = (os.environ.get("TFGRAD_FAMILIES")
-             or "fake_quant,batch_norm,depthwise_conv,fractional_pool")
-    out = {}
-    for fam in names.split(","):
-        try:
-            mod = importlib.import_module(f"tests.cases.{fam}")
-        except ModuleNotFoundError as e:
-            if e.name == f"tests.cases.{fam}":
-                continue
-            raise
-        out[fam] = (list(mod.CASES), list(mod.ERROR_CASES))
-    return out
-
-
-FAMILIES = _families()
+_names = [f for f in os.environ.get("TFGRAD_FAMILIES", "").split(",") if f] or list(_ALL)
+FAMILIES: dict[str, tuple[list[Case], list[ErrorCase]]] = {}
+for _name in _names:
+    _module = _family(_name)
+    sys.modules[f"{__name__}.{_name}"] = _module
+    globals()[_name] = _module
+    FAMILIES[_name] = (list(_module.CASES), list(_module.ERROR_CASES))
 CASES: list[Case] = [c for cases, _ in FAMILIES.values() for c in cases]
 ERROR_CASES: list[ErrorCase] = [c for _, errs in FAMILIES.values() for c in errs]

@@ -1,18 +1,16 @@
 """``tfgrad bench``: time every op against TensorFlow and PyTorch, in one process.
 
-The benchmark definitions (``benchmarks/harness.py`` and ``benchmarks/bench_<family>.py``)
-live in the source checkout, not in the installed package; this command loads them from
-the checkout tfgrad was installed from (editable install), ``--source DIR`` or
-``$TFGRAD_SOURCE``. Each number is the median of repeated runs after warm-up
-(``harness.time_it``); TensorFlow and PyTorch are timed when importable and skipped
-otherwise. TensorFlow runs as installed (its default oneDNN build) unless ``--tf-eigen``.
+The benchmark shapes are the families' ``BENCHES`` (``tfgrad.testing.cases.<family>``)
+and the timing is ``tfgrad.testing.harness``'s, both shipped with the package. Each
+number is the median of repeated runs after warm-up (``harness.time_it``); TensorFlow and
+PyTorch are timed when importable and skipped otherwise. TensorFlow runs as installed
+(its default oneDNN build) unless ``--tf-eigen``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import os
 import sys
@@ -23,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ._common import CLIError, need_checkout, optional, out_dir, use_agg_backend
+from .. import testing
+from ..testing import FAMILIES
+from ._common import CLIError, optional, out_dir, use_agg_backend
 
-FAMILIES = ("fake_quant", "batch_norm", "depthwise_conv", "fractional_pool")
 COLUMNS = ("op", "case", "tfgrad_ms", "tf_ms", "torch_ms", "speedup_vs_tf", "speedup_vs_torch",
            "floor_ms", "x_floor", "error")
 
@@ -36,7 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Time every forward and gradient op at the benchmark shapes in tfgrad, "
         "TensorFlow and PyTorch (those installed), print a table with speed-ups and the "
         "fraction of the memory-traffic floor, and write it as CSV, JSON and a bar chart. "
-        "Needs a source checkout (benchmarks/) and the 'bench' extra for TF and the chart.")
+        "TF and the chart need the 'bench' extra.")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes, few repeats: checks every benchmark runs (CI)")
     p.add_argument("--family", action="append", choices=FAMILIES, help="only this family")
@@ -51,30 +50,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     p.add_argument("--seed", type=int, default=0, help="seed of the benchmark inputs")
-    p.add_argument("--source", metavar="DIR", help="tfgrad source checkout to load from")
     return p
 
 
-def load(source: str | None, families: list[str] | None) -> tuple[ModuleType, list[Any],
-                                                                      list[str]]:
-    """harness, the Bench list, and the problems met loading the family files."""
-    root = need_checkout("tfgrad bench", "the benchmark definitions (benchmarks/)", "bench",
-                         source)
-    bench_dir = str(root / "benchmarks")
-    if bench_dir not in sys.path:
-        sys.path.insert(0, bench_dir)
-    harness = importlib.import_module("harness")
-    benches, problems = [], []
-    for fam in families or FAMILIES:
-        if not (root / "benchmarks" / f"bench_{fam}.py").is_file():
-            problems.append(f"{fam}: no benchmarks/bench_{fam}.py")
-            continue
-        try:
-            mod = importlib.import_module(f"bench_{fam}")
-            benches.extend(mod.BENCHES)
-        except Exception as e:  # one broken family must not hide the others
-            problems.append(f"{fam}: bench_{fam}.py failed to load: {type(e).__name__}: {e}")
-    return harness, benches, problems
+def load(families: list[str] | None) -> tuple[ModuleType, list[Any], list[str]]:
+    """harness, the Bench list, and the problems met loading the family modules (one
+    broken family does not hide the others)."""
+    from ..testing import harness
+
+    modules, problems = testing.load(families)
+    return harness, [b for m in modules.values() for b in m.BENCHES], problems
 
 
 def _time(harness: ModuleType, fn: Any, quick: bool) -> float:
@@ -187,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     families = args.family
     if names:
         families = sorted({tfgrad.OPS[n].family for n in names} & set(families or FAMILIES))
-    harness, benches, problems = load(args.source, families)
+    harness, benches, problems = load(families)
     if names:
         benches = [b for b in benches if b.name in names]
     for p in problems:

@@ -1,7 +1,8 @@
 """``tfgrad conformance``: tfgrad against TensorFlow 2.21 on fresh random cases.
 
-The cases come from the op-case table of the source checkout (``tests/cases``: one
-``Case`` per attr/dtype/format combination, whose ``make(rng)`` draws the inputs). Each
+The cases come from the op-case table shipped with the package
+(``tfgrad.testing.cases``: one ``Case`` per attr/dtype/format combination, whose
+``make(rng)`` draws the inputs), and TF runs through ``tfgrad.testing.oracle``. Each
 run draws new inputs from ``--seed``, runs them in tfgrad and in TF, and compares every
 output: bit-identical, or within the ulps the case documents (``Case.ulps``). The
 ``ErrorCase`` entries check that tfgrad and TF reject the same malformed calls.
@@ -29,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ._common import CLIError, need_checkout
-
-FAMILIES = ("fake_quant", "batch_norm", "depthwise_conv", "fractional_pool")
+from .. import testing
+from ..testing import FAMILIES
+from ._common import CLIError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Draw fresh random cases for every op (all attrs, dtypes and formats of "
         "the op-case table), run them in tfgrad and in TensorFlow 2.21 and print a per-op "
         "table. Exit status 1 on any disagreement beyond the documented tolerances. Needs "
-        "tensorflow-cpu==2.21.0 (pip install 'tfgrad[tf]') and a source checkout (tests/).")
+        "tensorflow-cpu==2.21.0 (pip install 'tfgrad[tf]').")
     p.add_argument("--cases", type=int, default=None, metavar="N",
                    help="random cases per op, spread over its attr/dtype/format variants "
                    "(default: 2 per variant)")
@@ -56,7 +57,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "not failing)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="print every disagreement")
-    p.add_argument("--source", metavar="DIR", help="tfgrad source checkout to load from")
     p.add_argument("--tf-build", choices=("eigen", "onednn"), default="eigen",
                    help=argparse.SUPPRESS)  # internal: the oneDNN pass's subprocess
     return p
@@ -80,40 +80,12 @@ class OpStats:
         return not self.failures
 
 
-def load_cases(source: str | None, families: list[str] | None) -> tuple[list[Any], list[Any],
-                                                                         list[str]]:
-    """The Case and ErrorCase lists of the checkout's tests/cases, family by family."""
-    import importlib
-
-    need_checkout("tfgrad conformance", "the op-case table and the TF oracle (tests/cases, "
-                  "tests/oracle.py)", "test", source)
-    # Import tests.cases with its table empty, then each family on its own, so that one
-    # family's broken (or half-written) case file does not hide the others.
-    saved = os.environ.get("TFGRAD_FAMILIES")
-    os.environ["TFGRAD_FAMILIES"] = "__none__"
-    try:
-        importlib.import_module("tests.cases")
-    finally:
-        if saved is None:
-            del os.environ["TFGRAD_FAMILIES"]
-        else:
-            os.environ["TFGRAD_FAMILIES"] = saved
-    cases, errors, problems = [], [], []
-    for fam in families or FAMILIES:
-        try:
-            mod = importlib.import_module(f"tests.cases.{fam}")
-        except ModuleNotFoundError as e:
-            if e.name == f"tests.cases.{fam}":
-                problems.append(f"{fam}: no tests/cases/{fam}.py")
-                continue
-            problems.append(f"{fam}: tests/cases/{fam}.py failed to load: {e}")
-            continue
-        except Exception as e:
-            problems.append(f"{fam}: tests/cases/{fam}.py failed to load: "
-                            f"{type(e).__name__}: {e}")
-            continue
-        cases.extend(getattr(mod, "CASES", []))
-        errors.extend(getattr(mod, "ERROR_CASES", []))
+def load_cases(families: list[str] | None) -> tuple[list[Any], list[Any], list[str]]:
+    """The Case and ErrorCase lists of these families, and the problems met loading them
+    (one broken family does not hide the others)."""
+    modules, problems = testing.load(families)
+    cases = [c for m in modules.values() for c in m.CASES]
+    errors = [c for m in modules.values() for c in m.ERROR_CASES]
     return cases, errors, problems
 
 
@@ -177,7 +149,8 @@ def _compare(oracle: Any, op: str, got: Any, want: Any, ulps: dict[str, int],
 def check_cases(draws: list[tuple[Any, int]], impl: str, stats: dict[str, OpStats],
                 verbose: bool) -> None:
     import tfgrad
-    from tests import oracle
+
+    from ..testing import oracle
 
     for case, seed in draws:
         st = stats[case.op]
@@ -218,7 +191,8 @@ def check_cases(draws: list[tuple[Any, int]], impl: str, stats: dict[str, OpStat
 
 def check_errors(error_cases: list[Any], impl: str, stats: dict[str, OpStats]) -> None:
     import tfgrad
-    from tests import oracle
+
+    from ..testing import oracle
 
     for ec in error_cases:
         st = stats[ec.op]
@@ -302,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyError as e:
             raise CLIError(e.args[0]) from None
         families = sorted({tfgrad.OPS[n].family for n in names} & set(families or FAMILIES))
-    cases, error_cases, problems = load_cases(args.source, families)
+    cases, error_cases, problems = load_cases(families)
     if args.op:
         cases = [c for c in cases if c.op in names]
         error_cases = [c for c in error_cases if c.op in names]
@@ -359,8 +333,6 @@ def _onednn_pass(args: argparse.Namespace, seed: int) -> int:
         cmd += ["--family", fam]
     if args.cases is not None:
         cmd += ["--cases", str(args.cases)]
-    if args.source:
-        cmd += ["--source", args.source]
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")
     print("\nsecond pass: TensorFlow's default oneDNN build (informational; the oneDNN "
           "kernels differ from the Eigen reference by design)", flush=True)

@@ -1,4 +1,4 @@
-"""Op cases for the fake-quant family (see tests/cases/__init__.py).
+"""Op cases for the fake-quant family (see tfgrad/testing/cases/__init__.py).
 
 Inputs mix random values around the range with the values where TF's arithmetic is
 delicate: the nudged ends, grid points and half-way points, +-0, denormals, +-inf, NaN.
@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from tfgrad import InvalidArgumentError as IAE
+from tfgrad.ops.fake_quant import nudge
 
-from . import Case, ErrorCase
+from ..harness import Bench, array_bytes, torch_module
+from . import Case, ErrorCase, Warmup
 
 F32 = np.float32
 _OPS = {
@@ -302,4 +304,128 @@ ERROR_CASES: list[ErrorCase] = [
                                                  max=_o(1)), IAE,
               r"Shape must be at least rank 1 but is rank 0", tf_rejects=False,
               why=_ABORTS),
+]
+
+
+# --------------------------------------------------------------------------------------
+# Benchmarks (tfgrad bench, benchmarks/run.py)
+# --------------------------------------------------------------------------------------
+# Fake-quant benchmarks: NHWC activations [16, 56, 56, 128] float32, 8 bits.
+#
+# PyTorch's closest equivalents: ``fake_quantize_per_tensor_affine`` (Args/Vars) and
+# ``fake_quantize_per_channel_affine`` (PerChannel) with TF's nudged scale and zero point;
+# for the gradients, the backward of those ops (dx only: PyTorch computes no dmin/dmax).
+F32 = np.float32
+BENCH_SHAPE = (16, 56, 56, 128)
+BENCH_SMOKE = (2, 8, 8, 16)
+
+
+def _bench_data(rng: np.random.Generator, smoke: bool, grad: bool) -> dict[str, Any]:
+    shape = BENCH_SMOKE if smoke else BENCH_SHAPE
+    kw: dict[str, Any] = {"inputs": (rng.standard_normal(shape) * 2).astype(F32)}
+    if grad:
+        kw["gradients"] = rng.standard_normal(shape).astype(F32)
+    return kw
+
+
+def _bench_args(grad: bool) -> Callable[[np.random.Generator, bool], dict[str, Any]]:
+    def make(rng: np.random.Generator, smoke: bool) -> dict[str, Any]:
+        return dict(_bench_data(rng, smoke, grad), min=-3.0, max=3.0)
+    return make
+
+
+def _bench_vars(grad: bool) -> Callable[[np.random.Generator, bool], dict[str, Any]]:
+    def make(rng: np.random.Generator, smoke: bool) -> dict[str, Any]:
+        return dict(_bench_data(rng, smoke, grad), min=np.array(-3, F32), max=np.array(3, F32))
+    return make
+
+
+def _bench_per_channel(grad: bool) -> Callable[[np.random.Generator, bool], dict[str, Any]]:
+    def make(rng: np.random.Generator, smoke: bool) -> dict[str, Any]:
+        kw = _bench_data(rng, smoke, grad)
+        d = kw["inputs"].shape[-1]
+        return dict(kw, min=-rng.uniform(0.5, 4, d).astype(F32),
+                    max=rng.uniform(0.5, 4, d).astype(F32))
+    return make
+
+
+def _bench_bytes(kw: dict[str, Any]) -> int:
+    # Inputs read once, outputs (the size of inputs) written once.
+    arrays = [v for v in kw.values() if isinstance(v, np.ndarray)]
+    return array_bytes(*arrays) + kw["inputs"].nbytes
+
+
+def _bench_torch_params(kw: dict[str, Any]) -> tuple[Any, Any, int]:
+    """TF's nudged range as PyTorch's (scale, zero_point): the same grid."""
+    p = nudge(np.asarray(kw["min"], F32), np.asarray(kw["max"], F32), 8, False)
+    zp = np.round(-p.nmin / p.scale).astype(np.int64)
+    return p.scale, zp, 255
+
+
+def _bench_torch(per_channel: bool, grad: bool) -> Callable[[dict[str, Any]], Callable[[], Any]]:
+    def build(kw: dict[str, Any]) -> Callable[[], Any]:
+        torch = torch_module()
+        scale, zp, qmax = _bench_torch_params(kw)
+        x = torch.from_numpy(kw["inputs"])
+        if per_channel:
+            s, z = torch.from_numpy(scale.astype(F32)), torch.from_numpy(zp.astype(np.int32))
+
+            def fwd(t: Any) -> Any:
+                return torch.fake_quantize_per_channel_affine(t, s, z, t.dim() - 1, 0, qmax)
+        else:
+            s, z = float(scale), int(zp)
+
+            def fwd(t: Any) -> Any:
+                return torch.fake_quantize_per_tensor_affine(t, s, z, 0, qmax)
+        if not grad:
+            return lambda: fwd(x)
+        xg = x.clone().requires_grad_(True)
+        y = fwd(xg)
+        g = torch.from_numpy(kw["gradients"])
+        return lambda: torch.autograd.grad(y, xg, g, retain_graph=True)
+    return build
+
+
+BENCHES = [
+    Bench("FakeQuantWithMinMaxVarsPerChannelGradient", "[16,56,56,128] 8 bits",
+          _bench_per_channel(True), _bench_bytes, torch=_bench_torch(True, True)),
+    Bench("FakeQuantWithMinMaxVarsPerChannel", "[16,56,56,128] 8 bits", _bench_per_channel(False),
+          _bench_bytes, torch=_bench_torch(True, False)),
+    Bench("FakeQuantWithMinMaxArgs", "[16,56,56,128] 8 bits", _bench_args(False), _bench_bytes,
+          torch=_bench_torch(False, False)),
+    Bench("FakeQuantWithMinMaxVars", "[16,56,56,128] 8 bits", _bench_vars(False), _bench_bytes,
+          torch=_bench_torch(False, False)),
+    Bench("FakeQuantWithMinMaxArgsGradient", "[16,56,56,128] 8 bits", _bench_args(True),
+          _bench_bytes, torch=_bench_torch(False, True)),
+    Bench("FakeQuantWithMinMaxVarsGradient", "[16,56,56,128] 8 bits", _bench_vars(True),
+          _bench_bytes, torch=_bench_torch(False, True)),
+]
+
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+def _warm_make(op: str, shape: tuple[int, ...], narrow: bool
+               ) -> Callable[[np.random.Generator], dict[str, Any]]:
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        kw: dict[str, Any] = {"inputs": rng.uniform(-8, 8, shape).astype(F32), "num_bits": 8,
+                              "narrow_range": narrow}
+        if op.endswith("Gradient"):
+            kw["gradients"] = rng.uniform(-2, 2, shape).astype(F32)
+        if "Args" in op:
+            kw.update(min=-3.0, max=4.0)
+        elif "PerChannel" in op:
+            kw.update(min=np.full(shape[-1], -3, F32), max=np.full(shape[-1], 4, F32))
+        else:
+            kw.update(min=F32(-3), max=F32(4))
+        return kw
+
+    return make
+
+
+# Every op with narrow_range off and on, tiny and at 2**17 elements (threaded kernels).
+WARMUP: list[Warmup] = [
+    Warmup(op, f"{list(shape)} narrow_range={narrow}", _warm_make(op, shape, narrow),
+           large=shape == (256, 512))
+    for shape in ((3, 5), (256, 512)) for narrow in (False, True) for op in _OPS.values()
 ]

@@ -12,11 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import ml_dtypes
+import numba
 import numpy as np
 
-from tests.cases import Case, ErrorCase
 from tfgrad import InvalidArgumentError
 from tfgrad.ops.depthwise_conv import window
+
+from ..harness import Bench, array_bytes
+from . import Case, ErrorCase, Warmup
 
 FWD = "DepthwiseConv2dNative"
 BI = "DepthwiseConv2dNativeBackpropInput"
@@ -306,4 +309,159 @@ ERROR_CASES: list[ErrorCase] = [
          out_backprop=_x((1, 4, 5, 3))),
     _err(BF, "rows_mismatch", "actual = 3, computed = 4", out_backprop=_x((1, 3, 5, 2))),
     _err(BF, "cols_mismatch", "actual = 4, computed = 5", out_backprop=_x((1, 4, 4, 2))),
+]
+
+
+# --------------------------------------------------------------------------------------
+# Benchmarks (tfgrad bench, benchmarks/run.py)
+# --------------------------------------------------------------------------------------
+# Depthwise convolution benchmarks at MobileNet shapes (float32, NHWC).
+#
+# PyTorch runs the same convolutions as grouped convolutions (groups = in_channels) on
+# channels-last views of the same buffers: ``torch.nn.functional.conv2d`` for the forward
+# and ``torch.ops.aten.convolution_backward`` for the two gradients. Where TF's SAME
+# padding is asymmetric (stride 2 on an even size: 0 before, 1 after) PyTorch gets the
+# symmetric padding that gives the same output size (the same amount of work).
+# (N, H, W, C, fh, fw, M, stride, padding); smoke-mode sizes are scaled down.
+BENCH_SHAPES = [
+    (16, 56, 56, 128, 3, 3, 1, 1, "SAME"),
+    (16, 112, 112, 32, 3, 3, 1, 2, "SAME"),
+    (16, 32, 32, 96, 5, 5, 2, 1, "VALID"),
+]
+
+
+def _bench_dims(shape: tuple, smoke: bool) -> tuple:
+    N, H, W, C, fh, fw, M, s, pad = shape
+    if smoke:
+        N, H, W, C = 2, max(8, H // 8), max(8, W // 8), min(C, 16)
+    oh, pt = window("bench", H, fh, s, 1, pad, (0, 0))
+    ow, pl = window("bench", W, fw, s, 1, pad, (0, 0))
+    return N, H, W, C, fh, fw, M, s, pad, oh, ow, pt, pl
+
+
+def _bench_attrs(s: int, pad: str) -> dict[str, Any]:
+    return {"strides": [1, s, s, 1], "padding": pad}
+
+
+def _bench_desc(shape: tuple) -> str:
+    N, H, W, C, fh, fw, M, s, pad = shape
+    return f"[{N},{H},{W},{C}] {fh}x{fw} M={M} s={s} {pad}"
+
+
+def _bench_torch_args(shape: tuple, kw: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    N, H, W, C, fh, fw, M, s, pad = shape
+    pt = pl = 0
+    if pad == "SAME":
+        pt = pl = (fh - 1) // 2  # symmetric, same output size as TF's SAME here
+    t = {"stride": (s, s), "padding": (pt, pl), "groups": C}
+    for k in ("input", "out_backprop"):
+        if k in kw:  # channels-last views of the same NHWC memory
+            t[k] = torch.from_numpy(kw[k]).permute(0, 3, 1, 2)
+    if "filter" in kw:
+        f = kw["filter"]
+        t["weight"] = torch.from_numpy(
+            np.ascontiguousarray(f.transpose(2, 3, 0, 1).reshape(C * M, 1, fh, fw)))
+    else:
+        t["weight"] = torch.zeros(C * M, 1, fh, fw)
+    if "input" not in t:
+        t["input"] = torch.zeros(N, C, H, W).contiguous(memory_format=torch.channels_last)
+    return t
+
+
+def _bench_make(shape: tuple, op: str):
+    def make(rng: np.random.Generator, smoke: bool) -> dict[str, Any]:
+        N, H, W, C, fh, fw, M, s, pad, oh, ow, _, _ = _bench_dims(shape, smoke)
+        x = rng.standard_normal((N, H, W, C), dtype=np.float32)
+        w = rng.standard_normal((fh, fw, C, M), dtype=np.float32)
+        g = rng.standard_normal((N, oh, ow, C * M), dtype=np.float32)
+        kw = _bench_attrs(s, pad)
+        if op == "fwd":
+            return {"input": x, "filter": w, **kw}
+        if op == "bi":
+            return {"input_sizes": np.array([N, H, W, C], np.int32), "filter": w,
+                    "out_backprop": g, **kw}
+        return {"input": x, "filter_sizes": np.array([fh, fw, C, M], np.int32),
+                "out_backprop": g, **kw}
+
+    return make
+
+
+def _bench_torch(shape: tuple, op: str):
+    def build(kw: dict[str, Any]):
+        import torch
+        import torch.nn.functional as F
+
+        s, pad = kw["strides"][1], kw["padding"]
+        if "input_sizes" in kw:
+            N, H, W, C = (int(v) for v in kw["input_sizes"])
+        else:
+            N, H, W, C = kw["input"].shape
+        fh, fw, _, M = kw["filter"].shape if "filter" in kw else kw["filter_sizes"]
+        t = _bench_torch_args((N, H, W, C, int(fh), int(fw), int(M), s, pad), kw)
+        if op == "fwd":
+            return lambda: F.conv2d(t["input"], t["weight"], None, t["stride"], t["padding"],
+                                    1, t["groups"])
+        mask = [True, False, False] if op == "bi" else [False, True, False]
+        return lambda: torch.ops.aten.convolution_backward(
+            t["out_backprop"], t["input"], t["weight"], None, t["stride"], t["padding"],
+            (1, 1), False, (0, 0), t["groups"], mask)
+
+    return build
+
+
+def _bench_nbytes(op: str):
+    def nbytes(kw: dict[str, Any]) -> int:
+        if op == "fwd":  # read input and filter, write the output
+            x, w = kw["input"], kw["filter"]
+            N, H, W, C = x.shape
+            fh, fw, _, M = w.shape
+            s, pad = kw["strides"][1], kw["padding"]
+            oh, _ = window("bench", H, fh, s, 1, pad, (0, 0))
+            ow, _ = window("bench", W, fw, s, 1, pad, (0, 0))
+            return array_bytes(x, w) + N * oh * ow * C * M * 4
+        if op == "bi":  # read filter and out_backprop, write the input gradient
+            return array_bytes(kw["filter"], kw["out_backprop"]) + int(
+                np.prod(kw["input_sizes"])) * 4
+        return array_bytes(kw["input"], kw["out_backprop"]) + int(
+            np.prod(kw["filter_sizes"])) * 4
+
+    return nbytes
+
+
+_BENCH_OPS = {"fwd": "DepthwiseConv2dNative", "bi": "DepthwiseConv2dNativeBackpropInput",
+        "bf": "DepthwiseConv2dNativeBackpropFilter"}
+
+BENCHES = [
+    Bench(_BENCH_OPS[op], _bench_desc(shape), _bench_make(shape, op), _bench_nbytes(op),
+          torch=_bench_torch(shape, op))
+    for shape in BENCH_SHAPES for op in ("fwd", "bi", "bf")
+]
+
+
+# --------------------------------------------------------------------------------------
+# Warmup (tfgrad warmup runs these besides every case and benchmark)
+# --------------------------------------------------------------------------------------
+# Every dtype and layout with each padding, a stride, a dilation and a non-finite filter
+# (another BackpropInput kernel), 3x3: tiny, and large with as many images as threads
+# (BackpropFilter's kernel depends on the batch against the thread count). A new kernel
+# variant that no case or benchmark selects gets a row here.
+_WARM_VARIANTS = [  # (padding, pads, stride, dilation, inf filter)
+    ("SAME", None, 1, 1, False),
+    ("VALID", None, 2, 1, False),
+    ("EXPLICIT", (1, 1, 1, 1), 1, 1, False),
+    ("SAME", None, 1, 2, False),
+    ("SAME", None, 1, 1, True),
+]
+_WARM_SIZES = {False: dict(N=1, H=5, W=5, C=2, M=2),
+               True: dict(N=max(2, numba.config.NUMBA_NUM_THREADS), H=16, W=16, C=8, M=2)}
+WARMUP: list[Warmup] = [
+    Warmup(c.op, c.name, c.make, large)
+    for large, size in _WARM_SIZES.items()
+    for nchw in (False, True)
+    for padding, pads, s, d, inf in _WARM_VARIANTS
+    for c in _cases(f"{'large' if large else 'tiny'}_{'nchw' if nchw else 'nhwc'}_{padding}"
+                    f"_s{s}_d{d}{'_inf' if inf else ''}", **size, s=s, padding=padding,
+                    pads=pads, dil=(d, d), nchw=nchw, dtypes=ALL4, inf_filter=inf)
 ]

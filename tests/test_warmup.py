@@ -1,0 +1,73 @@
+"""``tfgrad warmup`` compiles every kernel variant that the registry's inputs select.
+
+In a fresh Numba cache, ``tfgrad warmup`` runs in one process; a second process then runs
+every case of the op-case table and every benchmark shape (smoke and full size) and must
+compile nothing. Slow: it compiles every kernel once (about 6 minutes on 2 idle cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tfgrad
+
+# Runs every case and benchmark shape once; prints [op, input, [compiled functions]] for
+# each call during which Numba compiled something.
+_CHECK = """
+import json
+import numpy as np
+from numba.core import event
+import tfgrad
+from tfgrad import testing
+
+compiled = []
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        f = ev.data["dispatcher"].py_func
+        compiled.append(f"{f.__module__}.{f.__qualname__}")
+
+    def on_end(self, ev):
+        pass
+
+event.register("numba:compile", Compiles())
+modules, problems = testing.load()
+assert not problems, problems
+calls = []
+for m in modules.values():
+    calls += [(c.op, "case " + c.name, c.kwargs) for c in m.CASES]
+    calls += [(b.name, f"bench {b.shape}" + (" (smoke size)" if smoke else ""),
+               lambda b=b, smoke=smoke: b.make(np.random.default_rng(0), smoke))
+              for b in m.BENCHES for smoke in (True, False)]
+report = []
+for op, label, make in calls:
+    before = len(compiled)
+    getattr(tfgrad.raw_ops, op)(**make())
+    if len(compiled) > before:
+        report.append([op, label, compiled[before:]])
+print(json.dumps({"calls": len(calls), "compiled": report}))
+"""
+
+
+@pytest.mark.slow
+def test_after_warmup_no_case_or_benchmark_compiles(tmp_path):
+    # This tfgrad (not an installed one), a cache of its own, run from outside the checkout.
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               PYTHONPATH=os.pathsep.join([str(Path(tfgrad.__file__).parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    warm = subprocess.run([sys.executable, "-m", "tfgrad", "warmup", "--quiet", "--jobs", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert warm.returncode == 0, warm.stdout[-4000:] + warm.stderr[-4000:]
+    check = subprocess.run([sys.executable, "-c", _CHECK], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert check.returncode == 0, check.stderr[-4000:]
+    result = json.loads(check.stdout.splitlines()[-1])
+    assert result["calls"] > 500
+    assert not result["compiled"], "compiled after tfgrad warmup:\n" + "\n".join(
+        f"{op} [{label}]: {', '.join(names)}" for op, label, names in result["compiled"])
