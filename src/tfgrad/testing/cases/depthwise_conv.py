@@ -16,7 +16,8 @@ import numba
 import numpy as np
 
 from tfgrad import InvalidArgumentError
-from tfgrad.ops.depthwise_conv import window
+from tfgrad._tf.depthwise import window
+from tfgrad.kernels.depthwise_conv import VARIANTS, Variant
 
 from ..harness import Bench, array_bytes
 from . import Case, ErrorCase, Warmup
@@ -465,3 +466,29 @@ WARMUP: list[Warmup] = [
                     f"_s{s}_d{d}{'_inf' if inf else ''}", **size, s=s, padding=padding,
                     pads=pads, dil=(d, d), nchw=nchw, dtypes=ALL4, inf_filter=inf)
 ]
+
+# One input per register-blocked kernel of the variant table (``VARIANTS``), in float32 and
+# float64, whatever the cases and benchmarks select (tests/test_depthwise_conv.py checks
+# that each input selects its variant).
+_VARIANT_OPS = {"forward": FWD, "backprop_input": BI, "backprop_filter": BF}
+
+
+def variant_size(v: Variant, dname: str) -> dict[str, int]:
+    """Sizes whose call selects variant ``v`` in dtype ``dname`` (``"f32"`` or ``"f64"``)."""
+    line = 16 if dname == "f32" else 8  # (elements in a 64-byte line)
+    if v.stream or v.pstream:  # an output of 4 MiB (the streaming minimum), whole lines
+        return dict(N=1, H=256, W=256, C=line, M=2 if v.pstream else 1)
+    if v.blocked:  # C * M whole lane vectors
+        return dict(N=1, H=9, W=9, C=line // 2, M=2)
+    return dict(N=1, H=9, W=9, C=3, M=1)
+
+
+VARIANT_WARMUP: list[tuple[Variant, Warmup]] = [
+    (v, Warmup(c.op, c.name, c.make, v.stream or v.pstream))
+    for v in VARIANTS for dname in ("f32", "f64")
+    for c in _cases(f"variant_{v.op}_{v.fh}x{v.fw}{'_stream' if v.stream else ''}"
+                    f"{'_blocked' if v.blocked else ''}{'_pstream' if v.pstream else ''}",
+                    **variant_size(v, dname), fh=v.fh, fw=v.fw, dtypes=(dname,),
+                    ops=(_VARIANT_OPS[v.op],))
+]
+WARMUP += [w for _, w in VARIANT_WARMUP]
