@@ -30,7 +30,7 @@ from .common import (
 
 
 @inline
-def _mac_flat(o, ob, a, b, ia0, ib0, ia1, ib1, ia2, ib2, ia3, ib3, nt, L):  # type: ignore[no-untyped-def]  # noqa: E501
+def _mac_flat(o, ob, a, b, ia0, ib0, ia1, ib1, ia2, ib2, ia3, ib3, nt, L):
     """_mac on offsets into flat arrays: o[ob + e] takes a[ia_k + e] * b[ib_k + e].
     Unsigned indices need no negative-index fix-up, so the loop vectorises without the
     cost of slicing views (which dominates short runs)."""
@@ -59,7 +59,7 @@ def _mac_flat(o, ob, a, b, ia0, ib0, ia1, ib1, ia2, ib2, ia3, ib3, nt, L):  # ty
 
 
 @jit(nogil=True)
-def by_channel_blocks(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+def by_channel_blocks(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, ctl, size, ntasks):
     """bufs[n] = image n's filter gradient: each tap's lanes accumulate g * x over the
     output positions in row-major order, G positions at a time with the accumulator in a
     register. Tasks are (image, block of input channels); padding taps add g * 0."""
@@ -126,7 +126,7 @@ def by_channel_blocks(x, g, bufs, kblock, sh, sw, dh, dw, pt, pl, mode, G, ctl, 
 
 
 @inline
-def _filter_border(br, gt, jt, xr, j, sw, pl, fw, W, CM, mode):  # type: ignore[no-untyped-def]
+def _filter_border(br, gt, jt, xr, j, sw, pl, fw, W, CM, mode):
     """Output column j's contribution to one filter row, tap by tap (padding: g * 0);
     its out_backprop values are gt[jt, :CM]."""
     gj = gt[jt, :CM]
@@ -146,7 +146,7 @@ def _filter_border(br, gt, jt, xr, j, sw, pl, fw, W, CM, mode):  # type: ignore[
 
 
 @jit(nogil=True)
-def by_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+def by_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, ctl, size, ntasks):
     """bufs[n] as by_channel_blocks, for dilation 1 along W and one task per image: the fw
     taps of a filter row are then one contiguous run of fw * C * M accumulators, and so
     are the input pixels they meet from one output column; the out_backprop row is
@@ -213,7 +213,7 @@ def by_rows(x, g, bufs, sh, sw, dh, pt, pl, mode, G, ctl, size, ntasks):  # type
 
 
 @jit(nogil=True)
-def sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
+def sum_images(bufs, total, mode):
     """total = 0 + bufs[0] + bufs[1] + ... (batch order), per element."""
     N = bufs.shape[0]
     L = total.size
@@ -232,7 +232,7 @@ def sum_images(bufs, total, mode):  # type: ignore[no-untyped-def]
 # "always"): Numba deep-copies a callee's IR at every site, and these nest 3 x 3 x 7 deep,
 # which made each filter size compile several times longer. Same speed, same bits.
 @inline(force=True)
-def _tap_x(src, check, ok, jj, W, i):  # type: ignore[no-untyped-def]
+def _tap_x(src, check, ok, jj, W, i):
     """src's lanes at i; with ``check``, +0 unless the tap's pixel (row ok, column jj) is
     inside (a padding tap still adds g * 0, as TF)."""
     if not check or (ok and 0 <= jj < W):
@@ -241,7 +241,7 @@ def _tap_x(src, check, ok, jj, W, i):  # type: ignore[no-untyped-def]
 
 
 @inline(force=True)
-def _filter_row(a, gv, src, xi, tc, FW, check, ok, j0, dw, W):  # type: ignore[no-untyped-def]
+def _filter_row(a, gv, src, xi, tc, FW, check, ok, j0, dw, W):
     """One output pixel's out_backprop lanes gv times the FW (<= 7) taps of one filter
     row, added to that row's accumulators a (a 7-tuple; the unused ones stay zero)."""
     a0, a1, a2, a3, a4, a5, a6 = a
@@ -262,7 +262,7 @@ def _filter_row(a, gv, src, xi, tc, FW, check, ok, j0, dw, W):  # type: ignore[n
 
 
 @inline(force=True)
-def _load_row(bf, b, CM, FW, z):  # type: ignore[no-untyped-def]
+def _load_row(bf, b, CM, FW, z):
     return (vload(bf, b), vload(bf, b + CM) if FW > 1 else z,
             vload(bf, b + 2 * CM) if FW > 2 else z, vload(bf, b + 3 * CM) if FW > 3 else z,
             vload(bf, b + 4 * CM) if FW > 4 else z, vload(bf, b + 5 * CM) if FW > 5 else z,
@@ -270,13 +270,13 @@ def _load_row(bf, b, CM, FW, z):  # type: ignore[no-untyped-def]
 
 
 @inline(force=True)
-def _store_row(bf, b, CM, FW, a):  # type: ignore[no-untyped-def]
+def _store_row(bf, b, CM, FW, a):
     for c in range(FW):
         vstore(bf, b + c * CM, a[c])
 
 
 @inline(force=True)
-def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, pl, tc, dw, W,  # type: ignore[no-untyped-def]  # noqa: E501
+def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, pl, tc, dw, W,
                  pg, px, npx, WC, two, NL, XS, XQ):
     """Output columns [ja, jb) of one output row into the accumulators of nr (<= 5;
     ``two``: <= 3) filter rows for one lane vector (``two``: and the next, ch + NL), kept
@@ -346,7 +346,7 @@ def _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, check, ja, jb, sw, 
 
 
 @inline(force=True)
-def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, tc, dw, W,  # type: ignore[no-untyped-def]  # noqa: E501
+def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, tc, dw, W,
                   pg, px, npx, WC, two, NL, XS, XQ):
     """All ow output columns of one output row for lane vector ch (``two``: and ch + NL):
     the border columns [0, ja) and [jb, ow) with each tap's pixel checked, the inside
@@ -355,27 +355,27 @@ def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl
     compiled much slower): its accumulators' loads and stores cost time for nothing."""
     if ja > 0:
         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw,
-                     W, -1, 0, 0, 0, two, NL, XS, XQ)
+                     W, -1, 0, 0, 0, two=two, NL=NL, XS=XS, XQ=XQ)
     _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, False, ja, jb, sw, pl, tc, dw,
-                 W, pg, px, npx, WC, two, NL, XS, XQ)
+                 W, pg, px, npx, WC, two=two, NL=NL, XS=XS, XQ=XQ)
     if jb < ow:
         _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, jb, ow, sw, pl, tc, dw,
-                     W, -1, 0, 0, 0, two, NL, XS, XQ)
+                     W, -1, 0, 0, 0, two=two, NL=NL, XS=XS, XQ=XQ)
 
 
 @inline(force=True)
-def _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, W,  # type: ignore[no-untyped-def]  # noqa: E501
+def _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, W,
                           pg, NL):
     """_filter_sweep over the lane-vector-blocked ring of M = 2, dilation 1 across: the
     strides are constants there, so each tap's operand is its row's pointer plus a fixed
     displacement. With them as run-time values LLVM keeps a pointer per tap (15 for a 5x5
     filter's three rows), spills them to the stack and reloads one per multiply-add."""
     _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl, NL, 1, W, pg,
-                  0, 0, 0, False, NL, NL, W * NL)
+                  0, 0, 0, two=False, NL=NL, XS=NL, XQ=W * NL)
 
 
 @inline
-def _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags, blocked, ro, ok):  # type: ignore[no-untyped-def]  # noqa: E501
+def _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags, blocked, ro, ok):
     """ro[k], ok[k] for filter rows rg .. rg + nr - 1 of the output row whose first input
     row is ``top``: where the row starts in the kernel's source, and whether it is inside
     (expanded into the ring on first use, _ring_row). Returns whether all of them are."""
@@ -395,7 +395,7 @@ def _filter_rows_per_sweep(FW: int) -> int:
     return min(3, max(1, (21 if HOST_AVX512 else 9) // FW))
 
 
-def make_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
+def make_vec(FH: int, FW: int):
     NR = _filter_rows_per_sweep(FW)
     # 5x5 with AVX-512: all five rows' 25 accumulators in one sweep where every row is
     # inside: each out_backprop vector is loaded once, not twice as with rows 3 + 2. Not
@@ -405,7 +405,7 @@ def make_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
     PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
 
     @jit(nogil=True)
-    def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, ctl, size, ntasks):  # type: ignore[no-untyped-def]
+    def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, ctl, size, ntasks):
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
         lane vector (or pair, PAIR) and group of NR (up to three; NRI, five, for 5x5 rows
         all inside) filter rows, those rows' taps' accumulators (up to 25 vectors) stay in
@@ -468,15 +468,15 @@ def make_vec(FH: int, FW: int):  # type: ignore[no-untyped-def]
                                 if ch == 0:  # if / else around the loop ran slower)
                                     _filter_sweep(bf, gf, src, go, 0, CM, ro, ok, nr, b, FW, ja,
                                                   jb, ow, sw, pl, tc, dw, W, pg, px, npx, W * C,
-                                                  True, NL, XS, XQ)
+                                                  two=True, NL=NL, XS=XS, XQ=XQ)
                                 continue
                             if blocked and dw == 1:
                                 _filter_sweep_blocked(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch,
                                                       FW, ja, jb, ow, sw, pl, W, pg, NL)
                                 continue
                             _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b + ch, FW, ja, jb,
-                                          ow, sw, pl, tc, dw, W, pg, px, npx, W * C, False, NL,
-                                          XS, XQ)
+                                          ow, sw, pl, tc, dw, W, pg, px, npx, W * C, two=False,
+                                          NL=NL, XS=XS, XQ=XQ)
                         for k in range(nr):  # lanes past the last full vector
                             for c in range(FW):
                                 e = b + (k * FW + c) * CM

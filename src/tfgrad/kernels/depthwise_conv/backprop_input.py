@@ -44,7 +44,7 @@ from .common import (
 
 
 @inline
-def _hsum(v, p, lanes):  # type: ignore[no-untyped-def]
+def _hsum(v, p, lanes):
     """AVX horizontal sum of v[p:p + lanes] (8 float32 lanes or 4 float64 lanes)."""
     if lanes == 4:
         return (v[p] + v[p + 2]) + (v[p + 1] + v[p + 3])
@@ -54,7 +54,7 @@ def _hsum(v, p, lanes):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _reduce_multiplier(v, base, M, lanes, mode, zero):  # type: ignore[no-untyped-def]
+def _reduce_multiplier(v, base, M, lanes, mode, zero):
     """The sum of v[base:base + M] in TF's BackpropInput order: horizontal sums of
     lanes-wide packets added in order, then the remaining terms one by one (rounded to T
     after each step for the half types)."""
@@ -75,7 +75,7 @@ def _reduce_multiplier(v, base, M, lanes, mode, zero):  # type: ignore[no-untype
 
 
 @jit(nogil=True)
-def finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+def finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, ctl, size, ntasks):
     """BackpropInput for a finite float32 / float64 filter: a tap that meets no
     out_backprop value adds w * 0 = +-0, which leaves the accumulator unchanged unless
     it is a flushed -0, so only the taps that hit are computed, and rows that end with a
@@ -158,7 +158,7 @@ def finite(w, wtile, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, G, negz, ctl, 
 
 
 @jit(nogil=True)
-def generic(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+def generic(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, size, ntasks):
     """BackpropInput for any filter (used when it holds inf or NaN): one task per input
     row. Input pixel jj meets tap (r, c) at out_backprop position ((ii + pt - r*dh) / sh,
     (jj + pl - c*dw) / sw) when both divide and are in range; every other tap computes
@@ -202,7 +202,7 @@ def generic(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, ctl, size, ntasks): 
 
 
 @inline
-def _backprop_input_exact(w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lanes, per):  # type: ignore[no-untyped-def]  # noqa: E501
+def _backprop_input_exact(w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lanes, per):
     """One BackpropInput element as TF computes it with the explicitly dilated filter:
     every real tap, pairing w with the out_backprop value it reaches (0 where none);
     after each, the inserted zeros up to the next real tap (_gap_turns_plus)."""
@@ -231,7 +231,7 @@ def _backprop_input_exact(w, g, n, ii, jj, k, sh, sw, dh, dw, pt, pl, mode, lane
 
 
 @jit(nogil=True)
-def redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):  # type: ignore[no-untyped-def]  # noqa: E501
+def redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):
     """BackpropInput: the -0 elements of the input rows marked in ``rows``, redone."""
     N, H, W, C = out.shape
     per = np.empty(max(w.shape[3], 1), w.dtype)
@@ -246,7 +246,7 @@ def redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):  # type:
 
 
 @inline
-def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
+def _g_at(gf, check, oj, ow, i):
     """gf's lanes at i (out_backprop column oj); with ``check``, +0 where oj is outside
     [0, ow): w * 0 for finite w, the bits TF computes for that tap."""
     if not check or 0 <= oj < ow:
@@ -255,7 +255,7 @@ def _g_at(gf, check, oj, ow, i):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _sum_pairs(of, o, per, p, n, zero):  # type: ignore[no-untyped-def]
+def _sum_pairs(of, o, per, p, n, zero):
     """of[o + e] = (0 + per[p + 2e]) + per[p + 2e + 1] for e < n: a multiplier of 2
     summed in _reduce_multiplier's order (M < plane); unsigned, so that it vectorises."""
     u = np.uint64
@@ -265,14 +265,14 @@ def _sum_pairs(of, o, per, p, n, zero):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _g4(gs, check, oj, ow, a, GS):  # type: ignore[no-untyped-def]
+def _g4(gs, check, oj, ow, a, GS):
     """_g_at for out_backprop columns oj .. oj + 3 (at a, a + GS, ...)."""
     return (_g_at(gs, check, oj, ow, a), _g_at(gs, check, oj + 1, ow, a + GS),
             _g_at(gs, check, oj + 2, ow, a + 2 * GS), _g_at(gs, check, oj + 3, ow, a + 3 * GS))
 
 
 @inline(force=True)
-def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, GS, CS, NL,  # type: ignore[no-untyped-def]  # noqa: E501
+def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, GS, CS, NL,
               FH, FW, ow, check, unit, stream, pair):
     """4 BackpropInput pixels of one phase (u..u+3, at dst[o:], pixel stride ps), channel
     vectors [ch0, ch1): pixel u+p meets out_backprop column tapb[c] + u + p at tap c,
@@ -345,11 +345,11 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
     return neg
 
 
-def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):  # type: ignore[no-untyped-def]  # noqa: E501
+def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
     PAIR = HOST_AVX512  # (two lane vectors' 8 accumulators and operands fit)
 
     @jit(nogil=True)
-    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, ctl, size, ntasks):
         """BackpropInput for a finite filter, skipping the taps that meet no out_backprop
         value (w * 0 = +-0 changes nothing but a -0: rows that hold one are marked in
         ``negz`` and redone exactly, see redo_negzero). One task per input row; its
@@ -427,19 +427,23 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):  
                                 if pair and inner:
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
-                                                     FW, ow, False, unit, pstream, True)
+                                                     FW, ow, check=False, unit=unit,
+                                                     stream=pstream, pair=True)
                                 elif pair:
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
-                                                     FW, ow, True, unit, pstream, True)
+                                                     FW, ow, check=True, unit=unit,
+                                                     stream=pstream, pair=True)
                                 elif inner:
                                     neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
                                                      uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
-                                                     FH, FW, ow, False, unit, stream, False)
+                                                     FH, FW, ow, check=False, unit=unit,
+                                                     stream=stream, pair=False)
                                 else:
                                     neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
                                                      uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
-                                                     FH, FW, ow, True, unit, stream, False)
+                                                     FH, FW, ow, check=True, unit=unit,
+                                                     stream=stream, pair=False)
                         u = nb * _P
                     u2 = u  # (pair: the pixels from here on go through per)
                     while u < Up:
@@ -452,11 +456,13 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):  
                                         prefetch(gf, pa + e)
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
                                                  o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
-                                                 False, unit, stream, False)
+                                                 check=False, unit=unit, stream=stream,
+                                                 pair=False)
                             else:
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
                                                  o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
-                                                 True, unit, stream, False)
+                                                 check=True, unit=unit, stream=stream,
+                                                 pair=False)
                             u1 = u + _P
                         else:
                             for ch in range(0, CV, NL):

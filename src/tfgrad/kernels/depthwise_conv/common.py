@@ -24,24 +24,24 @@ NONE, F16, BF16 = 0, 1, 2
 
 
 @intrinsic
-def _bits(typingctx, x):  # type: ignore[no-untyped-def]
+def _bits(typingctx, x):
     """The bits of a float32 as uint32."""
     if x != types.float32:
         return None
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.uint32(types.float32), codegen
 
 
 @intrinsic
-def _float(typingctx, u):  # type: ignore[no-untyped-def]
+def _float(typingctx, u):
     """The float32 whose bits are the low 32 bits of the integer u."""
     if not isinstance(u, types.Integer):
         return None
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, sig, args):
         v = args[0]
         if u.bitwidth > 32:
             v = builder.trunc(v, ir.IntType(32))
@@ -53,7 +53,7 @@ def _float(typingctx, u):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _round(v, mode):  # type: ignore[no-untyped-def]
+def _round(v, mode):
     """v rounded to float16 (mode 1) or bfloat16 (mode 2), nearest-even, as float32."""
     f = np.float32(v)
     u = _bits(f)
@@ -74,7 +74,7 @@ def _round(v, mode):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _mac(o, a0, b0, a1, b1, a2, b2, a3, b3, nt, L):  # type: ignore[no-untyped-def]
+def _mac(o, a0, b0, a1, b1, a2, b2, a3, b3, nt, L):
     """o[e] = (((o[e] + a0*b0) + a1*b1) + a2*b2) + a3*b3 over e < L, for the first nt
     terms: each product rounded, then each sum, in term order, with the accumulator in a
     register across the terms."""
@@ -99,13 +99,13 @@ def _mac(o, a0, b0, a1, b1, a2, b2, a3, b3, nt, L):  # type: ignore[no-untyped-d
 
 
 @inline
-def _round_all(v, mode):  # type: ignore[no-untyped-def]
+def _round_all(v, mode):
     for e in range(v.size):
         v[e] = _round(v[e], mode)
 
 
 @inline
-def _tap_range(off, sw, W, ow):  # type: ignore[no-untyped-def]
+def _tap_range(off, sw, W, ow):
     """[j0, j1): the output columns j whose pixel j*sw + off lies inside [0, W)."""
     j0 = min(ow, max(0, -(off // sw)))
     j1 = max(j0, min(ow, (W - 1 - off) // sw + 1))
@@ -124,22 +124,22 @@ def _tap_range(off, sw, W, ow):  # type: ignore[no-untyped-def]
 # sum started from +0 is never -0, and folded the test away when they started from +0.
 # --------------------------------------------------------------------------------------
 @inline
-def _negzero(v):  # type: ignore[no-untyped-def]
+def _negzero(v):
     return v == 0 and np.signbit(v)
 
 
-def _int_view(a):  # type: ignore[no-untyped-def]  # pragma: no cover - overloaded below
+def _int_view(a):  # pragma: no cover - overloaded below
     pass
 
 
 @overload(_int_view, inline="always")
-def _int_view_impl(a):  # type: ignore[no-untyped-def]
+def _int_view_impl(a):
     it = np.int32 if a.dtype == types.float32 else np.int64
     return lambda a: a.ravel().view(it)
 
 
 @inline
-def _any_negzero(a):  # type: ignore[no-untyped-def]
+def _any_negzero(a):
     """Whether a (contiguous) holds a -0: its bits as signed integers are the least."""
     u = _int_view(a)
     if u.size == 0:
@@ -151,7 +151,7 @@ def _any_negzero(a):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _tap_step(acc, wv, v, mode):  # type: ignore[no-untyped-def]
+def _tap_step(acc, wv, v, mode):
     """acc + wv * v, rounded to T."""
     acc = acc + wv * v
     return acc if mode == NONE else _round(acc, mode)
@@ -164,7 +164,7 @@ _P = 4  # output pixels per register block
 
 
 @inline
-def _ring_rows(FH, dh):  # type: ignore[no-untyped-def]
+def _ring_rows(FH, dh):
     """Rows of a kernel's row ring (slot: row mod its size). The span of a filter's rows,
     (FH - 1) * dh + 1, keeps a row in place for the next output rows that need it; past
     8 * FH rows (a large dilation, which would size the ring by the dilation) the
@@ -186,7 +186,7 @@ def _ring_rows(FH, dh):  # type: ignore[no-untyped-def]
 
 
 @inline
-def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-def]
+def _row_offset(xf, n, ii, H, W, C, M, ring, tags):
     """Where input row (n, ii) starts in the kernel's source: in x itself when M = 1,
     else in its ring slot (ii mod the ring's rows), expanded there on first use with each
     channel repeated M times, so that a tap's lanes k*M + q are contiguous."""
@@ -214,7 +214,7 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):  # type: ignore[no-untyped-d
 
 
 @inline
-def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):  # type: ignore[no-untyped-def]
+def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):
     """Four pixels' accumulators each take their operand times the tap's weights wv
     (``wfirst``: as wv * x, the operand order of the kernel it stands for)."""
     if wfirst:
@@ -225,7 +225,7 @@ def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):  # type: ignore[no-untype
 
 
 @inline
-def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[no-untyped-def]
+def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):
     """_row_offset for M = 2 and C * M a multiple of the lanes, into a ring whose rows
     are blocked by channel vector: lane l of channel vector q at pixel p is at
     q * W * NL + p * NL + l. A sweep of one channel vector along a row then reads
@@ -254,7 +254,7 @@ def _row_offset_blocked(xf, n, ii, H, W, C, M, NL, ring, tags):  # type: ignore[
 
 
 @inline
-def _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked):  # type: ignore[no-untyped-def]
+def _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked):
     """Input row (n, ii)'s offset in the kernel's source: _row_offset_blocked when
     ``blocked`` (M = 2 on whole lane vectors), else _row_offset."""
     if blocked:
@@ -263,14 +263,14 @@ def _ring_row(xf, n, ii, H, W, C, M, NL, ring, tags, blocked):  # type: ignore[n
 
 
 @inline
-def _prefetch_step(pn, parts):  # type: ignore[no-untyped-def]
+def _prefetch_step(pn, parts):
     """Elements per part (whole 16-element steps) when pn elements' prefetches are
     spread over ``parts`` blocks of work."""
     return 16 * -(-pn // (16 * max(1, parts)))
 
 
 @inline
-def _prefetch_part(a, pa, pn, step):  # type: ignore[no-untyped-def]
+def _prefetch_part(a, pa, pn, step):
     """Prefetch the next ``step`` of the pn elements left at a[pa:]; returns where the
     rest starts and how many are left."""
     for e in range(0, step, 16):

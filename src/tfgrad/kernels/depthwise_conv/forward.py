@@ -41,7 +41,7 @@ from .common import (
 
 
 @inline
-def _split_row(x, n, ii, M, sw, xb):  # type: ignore[no-untyped-def]
+def _split_row(x, n, ii, M, sw, xb):
     """xb[p, u*C*M + k*M + q] = x[n, ii, u*sw + p, k]: one input row with each channel
     repeated M times and its pixels split by phase modulo the stride, so that the pixels
     one filter tap meets form one contiguous run."""
@@ -59,7 +59,7 @@ def _split_row(x, n, ii, M, sw, xb):  # type: ignore[no-untyped-def]
 
 
 @jit(nogil=True)
-def generic(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+def generic(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, ctl, size, ntasks):
     """One task per output row. The taps of each filter row are applied G at a time
     (in row-major order) in contiguous runs over (pixel, lane) where all G taps fall
     inside the input; the pixels at the borders take them one by one, padding taps
@@ -145,7 +145,7 @@ def generic(x, w, wtile, out, sh, sw, dh, dw, pt, pl, mode, G, negz, ctl, size, 
 
 
 @jit(nogil=True)
-def redo_negzero(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):  # type: ignore[no-untyped-def]  # noqa: E501
+def redo_negzero(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):
     """Forward with dilations: the -0 outputs of the rows marked in ``rows`` redone with
     the explicitly dilated filter's inserted zeros, as TF computes that convolution
     (_gap_turns_plus)."""
@@ -176,7 +176,7 @@ def redo_negzero(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):  # type: ignore
 
 
 @inline
-def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts, P, stream):  # type: ignore[no-untyped-def]  # noqa: E501
+def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts, P, stream):
     """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside, channel
     vectors [ch0, ch1): pixel p's tap (r, c) reads the lanes at src[rowoff[r] + a0 +
     p*ps + c*ts + (ch // NL) * CS] (CS: NL in x's own layout, W * NL in a blocked ring).
@@ -205,7 +205,7 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts,
 
 
 @inline
-def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream, track):  # type: ignore[no-untyped-def]  # noqa: E501
+def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream, track):
     """_fwd_block for 4 pixels at stride 1 along the row, no dilation along it (pixel
     stride ps in src): the 4 pixels' inputs for tap c are columns c..c+3, held in
     registers that slide by one column per tap, so each input vector is loaded once per
@@ -233,9 +233,9 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
     return neg
 
 
-def make_vec(FH: int, FW: int, *, stream: bool):  # type: ignore[no-untyped-def]
+def make_vec(FH: int, FW: int, *, stream: bool):
     @jit(nogil=True)
-    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # noqa: E501
+    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, ctl, size, ntasks):
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
         lanes are contiguous; with whole channel vectors the ring is blocked by channel
@@ -293,12 +293,12 @@ def make_vec(FH: int, FW: int, *, stream: bool):  # type: ignore[no-untyped-def]
                                 a0, o = (jk * sw - pl) * PS, ob + jk * CM
                                 if sw == 1 and dw == 1:
                                     neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch,
-                                                           ch + NL, CS, NL, FH, FW, PS, stream,
-                                                           dh > 1)
+                                                           ch + NL, CS, NL, FH, FW, PS,
+                                                           stream=stream, track=dh > 1)
                                 else:
                                     neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, ch,
                                                       ch + NL, CS, NL, FH, FW, sw * PS, dw * PS,
-                                                      _P, stream)
+                                                      P=_P, stream=stream)
                         j1 = j + nb * _P
                     elif allok and J0 <= j < J1:  # all taps inside: 4 pixels, or 1
                         a0, o = (j * sw - pl) * PS, ob + j * CM
@@ -310,13 +310,14 @@ def make_vec(FH: int, FW: int, *, stream: bool):  # type: ignore[no-untyped-def]
                                     prefetch(xf, pa + e)
                         if j1 == j + 1:
                             neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
-                                              FW, 0, dw * PS, 1, stream)
+                                              FW, 0, dw * PS, P=1, stream=stream)
                         elif sw == 1 and dw == 1:  # (tracked when dilated in height: TF's
                             neg |= _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL,
-                                                   FH, FW, PS, stream, dh > 1)  # inserted rows)
+                                                   FH, FW, PS, stream=stream,
+                                                   track=dh > 1)  # inserted rows)
                         else:
                             neg |= _fwd_block(src, wf, of, rowoff, a0, o, CM, 0, CV, CS, NL, FH,
-                                              FW, sw * PS, dw * PS, _P, stream)
+                                              FW, sw * PS, dw * PS, P=_P, stream=stream)
                     else:  # one pixel; taps in the padding compute 0 * w
                         for ch in range(0, CV, NL):
                             v = vzeros_opaque(x)
