@@ -9,6 +9,7 @@ convolution itself for finite inputs, zero signs included (see tfgrad.ops.depthw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -16,6 +17,7 @@ import numba
 import numpy as np
 
 from tfgrad import InvalidArgumentError
+from tfgrad._opdefs import OPS
 from tfgrad._tf.depthwise import window
 from tfgrad.kernels.depthwise_conv import VARIANTS, Variant
 
@@ -492,3 +494,26 @@ VARIANT_WARMUP: list[tuple[Variant, Warmup]] = [
                     ops=(_VARIANT_OPS[v.op],))
 ]
 WARMUP += [w for _, w in VARIANT_WARMUP]
+
+
+def _large(op: str) -> Callable[[], dict[str, Any]]:
+    """A larger input for ``op``: big enough for the kernels' threads and reductions to
+    split work (tests/test_determinism.py runs it on 1 and 2 threads)."""
+    def make() -> dict[str, Any]:
+        g = np.random.default_rng(3)
+        x = g.standard_normal((4, 33, 29, 12)).astype(np.float32)
+        w = g.standard_normal((3, 3, 12, 3)).astype(np.float32)
+        attrs = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+        dy = g.standard_normal((4, 17, 15, 36)).astype(np.float32)
+        if op == "DepthwiseConv2dNative":
+            return {"input": x, "filter": w, **attrs}
+        if op == "DepthwiseConv2dNativeBackpropInput":
+            return {"input_sizes": np.array(x.shape, np.int32), "filter": w,
+                    "out_backprop": dy, **attrs}
+        return {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": dy,
+                **attrs}
+    return make
+
+
+LARGE: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _large(name) for name, op in OPS.items() if op.family == "depthwise_conv"}
