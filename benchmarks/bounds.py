@@ -154,7 +154,7 @@ def _macs(b: harness.Bench, kw: dict[str, Any]) -> int | None:
         x = kw["input"]
         _, H, W, _ = x.shape
         s, pad = kw["strides"][1], kw["padding"]
-        from tfgrad.ops.depthwise_conv import window
+        from tfgrad._tf.depthwise import window
 
         oh, _ = window("bounds", H, fh, s, 1, pad, (0, 0))
         ow, _ = window("bounds", W, fw, s, 1, pad, (0, 0))

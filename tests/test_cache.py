@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import itertools
 import os
 import pkgutil
 import subprocess
@@ -57,19 +56,18 @@ def test_a_second_process_compiles_nothing():
 def test_cached_kernels_close_over_plain_values_only():
     """The cause above, for every cached kernel (the depthwise variants are built on
     first use: all of them are built here, which compiles nothing)."""
-    for kind, flags in (("forward", [(False,), (True,)]),
-                        ("backprop_input", list(itertools.product((False, True), repeat=3))),
-                        ("backprop_filter", [()])):
-        for (fh, fw), fl in itertools.product(depthwise_conv._VEC_SIZES, flags):
-            depthwise_conv._vec_kernel(kind, fh, fw, depthwise_conv.NONE, *fl)
+    for v in depthwise_conv.VARIANTS:
+        depthwise_conv.kernel(v)
     plain = (bool, int, float, str, type(None))
     # (type(), not isinstance(): a dead weakref.proxy among the objects raises there)
     kernels = [d for d in gc.get_objects() if issubclass(type(d), CPUDispatcher)
                and d.__module__.startswith("tfgrad") and not isinstance(d._cache, NullCache)]
     assert {d.__module__ for d in kernels} == {
         f"tfgrad.kernels.{f}" for f in ("fake_quant", "batch_norm", "batch_norm_grad",
-                                        "batch_norm_common", "depthwise_conv",
-                                        "fractional_pool", "_pool")} | {
+                                        "batch_norm_common", "depthwise_conv.forward",
+                                        "depthwise_conv.backprop_input",
+                                        "depthwise_conv.backprop_filter", "fractional_pool",
+                                        "_pool")} | {
         "tfgrad._compile", "tfgrad._tf.mxcsr", "tfgrad._tf.rsqrt"}
     for d in kernels:
         cells = [c.cell_contents for c in d.py_func.__closure__ or ()]

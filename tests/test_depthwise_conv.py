@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 
 import tfgrad
 from tests import oracle
+from tfgrad import _compile
+from tfgrad._tf.depthwise import window
+from tfgrad.dispatch import depthwise_conv as K
 from tfgrad.kernels import _pool
-from tfgrad.kernels import depthwise_conv as K
-from tfgrad.ops.depthwise_conv import window
+from tfgrad.kernels import depthwise_conv as KV
+from tfgrad.kernels.depthwise_conv import Variant
 
 raw = tfgrad.raw_ops
 FWD = raw.DepthwiseConv2dNative
@@ -118,7 +121,7 @@ def blocked_problems(draw):  # type: ignore[no-untyped-def]
     """Problems for the register-blocked kernels: their filter sizes, lane counts that
     leave a partial vector, rows wide enough for 4-pixel blocks beside border pixels; N up
     to 3 so that BackpropFilter's per-image kernel (N >= thread count) runs too."""
-    f = draw(st.sampled_from(sorted({k[0] for k in K._VEC_SIZES})))
+    f = draw(st.sampled_from(sorted({k[0] for k in KV.SIZES})))
     C = draw(st.one_of(st.integers(1, 40), st.sampled_from([8, 16, 32])))  # whole lines
     M = draw(st.sampled_from([1, 1, 2, 3]))
     s, d = draw(st.integers(1, 3)), draw(st.integers(1, 2))
@@ -185,7 +188,7 @@ def test_backprop_filter_lane_vector_pairs_equal_reference(dtype, C, M, f, s, d,
         with tfgrad.use_impl(impl):
             out[impl] = BF(**kw, **attrs)
     oracle.assert_same(out["kernel"], out["reference"], what=f"{dtype} C={C} M={M} {attrs}")
-    assert ("backprop_filter", f, f) in K._VEC_KERNELS
+    assert Variant("backprop_filter", f, f) in KV._BUILT
 
 
 @pytest.mark.parametrize("dtype, C, M", [("float32", 8, 2), ("float64", 4, 2), ("float32", 16, 3),
@@ -234,7 +237,7 @@ def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, paddin
                 out = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
             oracle.assert_same(out, bi, what=f"backprop_input {what} stream={stream}")
             streamed = stream == 0 and M == 2 and C * np.dtype(dtype).itemsize % 64 == 0
-            assert ("backprop_input", f, f, False, True, streamed) in K._VEC_KERNELS
+            assert Variant("backprop_input", f, f, blocked=True, pstream=streamed) in KV._BUILT
         with tfgrad.use_impl("kernel"):
             oracle.assert_same(BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs),
                                bf, what="backprop_filter " + what)
@@ -266,7 +269,7 @@ def test_backprop_filter_five_rows_equal_reference(dtype, C, strides, dilations,
     with tfgrad.use_impl("kernel"):
         a = BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs)
     oracle.assert_same(a, b, what=f"{dtype} C={C} {attrs}")
-    assert ("backprop_filter", 5, 5) in K._VEC_KERNELS
+    assert Variant("backprop_filter", 5, 5) in KV._BUILT
 
 
 @pytest.mark.parametrize("dtype, C", [("float32", 16), ("float64", 8), ("float32", 48)])
@@ -279,8 +282,8 @@ def test_streamed_outputs(monkeypatch, dtype, C):
     w = rng.standard_normal((3, 3, C, 1)).astype(dtype)
     g = rng.standard_normal((2, 9, 13, C)).astype(dtype)
     _kernel_equals_reference(x, w, g, {"padding": "SAME", "strides": [1, 1, 1, 1]}, dtype)
-    assert ("forward", 3, 3, True) in K._VEC_KERNELS
-    assert ("backprop_input", 3, 3, True, False, False) in K._VEC_KERNELS
+    assert Variant("forward", 3, 3, stream=True) in KV._BUILT
+    assert Variant("backprop_input", 3, 3, stream=True) in KV._BUILT
     with tfgrad.use_impl("kernel"):
         assert FWD(input=x, filter=w, padding="SAME", strides=[1, 1, 1, 1]).ctypes.data % 64 == 0
 
@@ -730,8 +733,8 @@ def test_memory_limit_counts_working_arrays(monkeypatch):
 # --------------------------------------------------------------------------------------
 _THREAD_SCRIPT = """
 import hashlib, numpy as np, tfgrad
-from tfgrad.kernels import depthwise_conv
-depthwise_conv._INLINE_WORK = 0  # these small ops run on every thread too
+from tfgrad import _compile
+_compile.POLICY["depthwise_conv"] = _compile.Threading(0)  # small ops on every thread too
 raw = tfgrad.raw_ops
 h = hashlib.sha256()
 rng = np.random.default_rng(0)
@@ -774,23 +777,26 @@ def _chunk_kernel(seen: list[tuple[int, int]]):
     return kernel
 
 
+_MIN = _compile.POLICY["depthwise_conv"].parallel_min
+
+
 def test_run_covers_every_task_once(monkeypatch):
     """_run: each task in exactly one chunk, on the pool or (small work) inline, and a
     kernel's exception comes back to the caller."""
     seen: list[tuple[int, int]] = []
     kernel = _chunk_kernel(seen)
-    K._run(kernel, 37, K._INLINE_WORK - 1, "ok")
+    K._run(kernel, 37, _MIN - 1, "ok")
     assert seen == [(0, 37)]
     monkeypatch.setattr(K, "_threads", lambda work: 3)
     for _ in range(20):  # (the pool threads join at different points)
         seen.clear()
-        K._run(kernel, 37, K._INLINE_WORK, "ok")
+        K._run(kernel, 37, _MIN, "ok")
         tasks = sorted(t for t0, t1 in seen for t in range(t0, t1))
         assert tasks == list(range(37)) and len(seen) > 2
     with pytest.raises(ValueError, match="task 5"):
-        K._run(kernel, 37, K._INLINE_WORK, "fail")
+        K._run(kernel, 37, _MIN, "fail")
     seen.clear()
-    K._run(kernel, 37, K._INLINE_WORK, "ok")  # the pool still serves the next op
+    K._run(kernel, 37, _MIN, "ok")  # the pool still serves the next op
     assert sorted(t for t0, t1 in seen for t in range(t0, t1)) == list(range(37))
 
 
@@ -802,7 +808,7 @@ def test_pool_threads_that_sleep_give_the_same_bits(monkeypatch):
     x = rng.standard_normal((4, 21, 19, 32), dtype=np.float32)
     w = rng.standard_normal((3, 3, 32, 2), dtype=np.float32)
     kw = dict(strides=[1, 2, 2, 1], padding="SAME")
-    monkeypatch.setattr(K, "_INLINE_WORK", 0)
+    monkeypatch.setitem(_compile.POLICY, "depthwise_conv", _compile.Threading(0))
     monkeypatch.setattr(K, "_threads", lambda work: 1)
     want = tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=w, **kw)
     monkeypatch.setattr(K, "_threads", lambda work: 2)
@@ -847,3 +853,29 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------------------
+# The variant table
+# --------------------------------------------------------------------------------------
+def test_warmup_inputs_select_every_variant(monkeypatch):
+    """Each of warmup's variant inputs selects its register-blocked kernel of
+    ``VARIANTS`` (so that ``tfgrad warmup`` compiles the whole table), and every variant
+    has inputs in float32 and float64. Only the selection runs here: no kernel."""
+    from tfgrad.testing.cases.depthwise_conv import VARIANT_WARMUP
+
+    chosen: list[Variant] = []
+    monkeypatch.setattr(K, "kernel", lambda v: chosen.append(v) or "kernel")
+    monkeypatch.setattr(K, "_run", lambda *args: None)
+    rng = np.random.default_rng(0)
+    for v, warm in VARIANT_WARMUP:
+        chosen.clear()
+        getattr(tfgrad.raw_ops, warm.op)(**warm.make(rng))
+        assert chosen == [v], warm.name
+    assert sorted(map(repr, (v for v, _ in VARIANT_WARMUP))) == sorted(
+        map(repr, (v for v in KV.VARIANTS for _ in range(2))))
+
+
+def test_variant_table_refuses_an_undeclared_variant():
+    with pytest.raises(KeyError, match="no register-blocked depthwise kernel"):
+        KV.kernel(Variant("forward", 4, 4))

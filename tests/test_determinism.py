@@ -23,96 +23,17 @@ import pytest
 
 import tfgrad
 from tests.cases import CASES
+from tfgrad import testing
 
 ROOT = Path(__file__).resolve().parent.parent
-f32, f64 = np.float32, np.float64
 
-
-def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def _fq(op: str) -> Callable[[], dict[str, Any]]:
-    def make() -> dict[str, Any]:
-        g = _rng(1)
-        x = (g.standard_normal((64, 48, 40)) * 4).astype(f32)  # 122,880 values
-        kw: dict[str, Any] = {"inputs": x}
-        if "Gradient" in op:
-            kw["gradients"] = g.standard_normal(x.shape).astype(f32)
-        if "PerChannel" in op:
-            kw["min"] = np.full(40, -3.0, f32) - g.random(40).astype(f32)
-            kw["max"] = np.full(40, 3.0, f32) + g.random(40).astype(f32)
-        elif "Vars" in op:
-            kw["min"], kw["max"] = np.array(-3.3, f32), np.array(2.9, f32)
-        else:
-            kw["min"], kw["max"] = -3.3, 2.9
-        return kw
-    return make
-
-
-def _bn(op: str) -> Callable[[], dict[str, Any]]:
-    def make() -> dict[str, Any]:
-        g = _rng(2)
-        t = np.float16 if op.endswith(("V2",)) else f32
-        x = (g.standard_normal((16, 24, 24, 37)) * 3 + 1).astype(t)  # 341k values, 37 ch
-        c = x.shape[-1]
-        if "Grad" in op:
-            kw = {"y_backprop": g.standard_normal(x.shape).astype(t), "x": x,
-                  "scale": g.standard_normal(c).astype(f32),
-                  "reserve_space_1": g.standard_normal(c).astype(f32),
-                  "reserve_space_2": g.random(c).astype(f32) + 0.5, "is_training": True}
-            if op.endswith("V3"):
-                kw["reserve_space_3"] = np.zeros(c, f32)
-            return kw
-        return {"x": x, "scale": g.standard_normal(c).astype(f32),
-                "offset": g.standard_normal(c).astype(f32), "mean": np.zeros(c, f32),
-                "variance": np.ones(c, f32), "exponential_avg_factor": 0.3, "is_training": True}
-    return make
-
-
-def _dw(op: str) -> Callable[[], dict[str, Any]]:
-    def make() -> dict[str, Any]:
-        g = _rng(3)
-        x = g.standard_normal((4, 33, 29, 12)).astype(f32)
-        w = g.standard_normal((3, 3, 12, 3)).astype(f32)
-        attrs = {"strides": [1, 2, 2, 1], "padding": "SAME"}
-        dy = g.standard_normal((4, 17, 15, 36)).astype(f32)
-        if op == "DepthwiseConv2dNative":
-            return {"input": x, "filter": w, **attrs}
-        if op == "DepthwiseConv2dNativeBackpropInput":
-            return {"input_sizes": np.array(x.shape, np.int32), "filter": w,
-                    "out_backprop": dy, **attrs}
-        return {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": dy,
-                **attrs}
-    return make
-
-
-def _fp(op: str) -> Callable[[], dict[str, Any]]:
-    def make() -> dict[str, Any]:
-        g = _rng(4)
-        x = g.standard_normal((6, 61, 53, 8)).astype(f64)
-        fwd = {"value": x, "pooling_ratio": [1.0, 1.7, 1.4, 1.0], "overlapping": True,
-               "deterministic": True, "seed": 7, "seed2": 11}
-        if op in ("FractionalAvgPool", "FractionalMaxPool"):
-            return fwd
-        if op == "FractionalAvgPoolGrad":
-            out, rows, cols = tfgrad.raw_ops.FractionalAvgPool(**fwd)
-            return {"orig_input_tensor_shape": np.array(x.shape, np.int64),
-                    "out_backprop": g.standard_normal(out.shape).astype(f64),
-                    "row_pooling_sequence": rows, "col_pooling_sequence": cols,
-                    "overlapping": True}
-        out, rows, cols = tfgrad.raw_ops.FractionalMaxPool(**fwd)
-        return {"orig_input": x, "orig_output": out,
-                "out_backprop": g.standard_normal(out.shape).astype(f64),
-                "row_pooling_sequence": rows, "col_pooling_sequence": cols,
-                "overlapping": True}
-    return make
-
-
-_FAMILY_LARGE = {"fake_quant": _fq, "batch_norm": _bn, "depthwise_conv": _dw,
-                 "fractional_pool": _fp}
 LARGE: dict[str, Callable[[], dict[str, Any]]] = {
-    name: _FAMILY_LARGE[op.family](name) for name, op in tfgrad._opdefs.OPS.items()}
+    op: make for m in testing.load()[0].values() for op, make in m.LARGE.items()}
+"""A larger input per op, from its family's module (``tfgrad.testing.cases``)."""
+
+
+def test_every_op_has_a_large_input():
+    assert sorted(LARGE) == sorted(tfgrad._opdefs.OPS)
 
 
 def implemented(op: str) -> bool:

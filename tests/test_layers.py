@@ -24,13 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PKG = SRC / "tfgrad"
 
-ALLOWED = {
-    # The depthwise family still has its dispatch in its op module, and its kernels read
-    # the op module's geometry and dilation gap rule (their move to tfgrad.dispatch and
-    # tfgrad._tf is pending).
-    ("tfgrad.ops.depthwise_conv", "tfgrad.kernels.depthwise_conv"),
-    ("tfgrad.kernels.depthwise_conv", "tfgrad.ops.depthwise_conv"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _module(path: Path) -> str:

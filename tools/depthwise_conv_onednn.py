@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import tfgrad  # noqa: E402
 from tests.oracle import ulp_distance  # noqa: E402
-from tfgrad.ops.depthwise_conv import window  # noqa: E402
+from tfgrad._tf.depthwise import window  # noqa: E402
 
 _CHILD = """
 import os, pickle, sys

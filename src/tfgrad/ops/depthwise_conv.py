@@ -5,7 +5,7 @@ with ``filter[:, :, k, q]``, computed as TF 2.21's Eigen CPU kernels
 (``TF_ENABLE_ONEDNN_OPTS=0``) compute it, bit for bit, zero signs included; NCHW and
 dilations, which TF's CPU kernels reject or ignore, are computed as the convolution they
 define. This module holds the ops' checks and the NumPy reference (the spec); the kernels
-are in ``tfgrad.kernels.depthwise_conv``. The TF behaviours reproduced, the differences
+run through ``tfgrad.dispatch.depthwise_conv``. The TF behaviours reproduced, the differences
 from TF and the tests that pin them: docs/depthwise_conv.md.
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import InvalidArgumentError
+from .._tf.depthwise import Geometry, gap_turns_plus, window
 from .._tf.fpenv import flush_denormals
 from .._validate import check_alloc, check_float32_copies, overflow_words, shape_str
 
@@ -29,29 +30,6 @@ _F64 = np.dtype(np.float64)
 # --------------------------------------------------------------------------------------
 # Attrs and geometry
 # --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Geometry:
-    """Shapes and window parameters of one depthwise convolution (NHWC order)."""
-
-    N: int
-    H: int
-    W: int
-    C: int
-    M: int
-    fh: int
-    fw: int
-    oh: int
-    ow: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    pt: int
-    """Padding before the first row (top)."""
-    pl: int
-    """Padding before the first column (left)."""
-
-
 @dataclass(frozen=True)
 class _Attrs:
     nchw: bool
@@ -117,29 +95,6 @@ def _check_attrs(op: str, strides: tuple[int, ...], padding: str,
                   pads_h, pads_w)
 
 
-def window(op: str, n: int, f: int, s: int, d: int, padding: str,
-           pads: tuple[int, int]) -> tuple[int, int]:
-    """(output size, padding before) along one spatial dim, as TF's
-    GetWindowedOutputSizeVerbose (C++ division truncates toward zero)."""
-    fe = (f - 1) * d + 1 if f > 0 else 0
-    if fe > 2**63 - 1:  # (TF's own window arithmetic is int64, as the kernels')
-        raise InvalidArgumentError(
-            f"{op}: effective filter size (filter_size - 1) * dilation + 1 = {fe} does not "
-            f"fit in int64 [filter_size: {f}, dilation: {d}]")
-    if padding == "SAME":
-        o = (n + s - 1) // s
-        need = max(0, (o - 1) * s + fe - n)
-        return o, need // 2
-    pb, pa = pads if padding == "EXPLICIT" else (0, 0)
-    num = n + pb + pa - fe + s
-    o = abs(num) // s * (1 if num >= 0 else -1)
-    if o < 0:
-        raise InvalidArgumentError(
-            f"{op}: Computed output size would be negative: {o} [input_size: {n}, "
-            f"effective_filter_size: {fe}, stride: {s}]")
-    return o, pb
-
-
 def _geometry(op: str, a: _Attrs, N: int, H: int, W: int, C: int, fh: int, fw: int,
               M: int) -> Geometry:
     oh, pt = window(op, H, fh, a.sh, a.dh, a.padding, a.pads_h)
@@ -150,6 +105,83 @@ def _geometry(op: str, a: _Attrs, N: int, H: int, W: int, C: int, fh: int, fw: i
     sh = a.sh if oh > 1 else min(a.sh, 2)
     sw = a.sw if ow > 1 else min(a.sw, 2)
     return Geometry(N, H, W, C, M, fh, fw, oh, ow, sh, sw, a.dh, a.dw, pt, pl)
+
+
+# --------------------------------------------------------------------------------------
+# Geometry one spatial axis at a time (Python ints and NumPy tables), for the adapters'
+# portable implementations (tfgrad.torch, tfgrad.jax)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Axis:
+    """One spatial axis of a depthwise convolution."""
+
+    n: int
+    """Input size."""
+    f: int
+    """Filter taps."""
+    o: int
+    """Output size."""
+    s: int
+    d: int
+    p: int
+    """Padding before (TF's pad_top / pad_left)."""
+
+    @property
+    def extent(self) -> int:
+        """Size of the zero-padded window the outputs read, from the padding's start."""
+        return (self.o - 1) * self.s + (self.f - 1) * self.d + 1
+
+    @property
+    def stride(self) -> int:
+        """The stride to give a convolution over exactly ``extent`` (irrelevant for o = 1,
+        where TF's stride may be up to 2**63 - 1)."""
+        return self.s if self.o > 1 else 1
+
+    def span(self) -> tuple[int, int, int]:
+        """The window as (padding before, input rows, padding after), each >= 0."""
+        before = min(self.p, self.extent)
+        rows = max(0, min(self.n, self.extent - self.p))
+        return before, rows, self.extent - before - rows
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """``reads`` [o, f]: the input index output i's tap r reads (n: the padding);
+        ``hits`` [n, f]: the output index input i meets through tap r (o: none), i.e.
+        where BackpropInput pairs w with out_backprop (i + p - r * d = s * t)."""
+        reads = np.full((self.o, self.f), self.n, np.int64)
+        hits = np.full((self.n, self.f), self.o, np.int64)
+        for r in range(self.f):
+            base = r * self.d - self.p  # (Python ints: pads and dilations up to 2**63 - 1)
+            lo = max(0, -(base // self.s))
+            hi = min(self.o - 1, (self.n - 1 - base) // self.s)
+            if lo <= hi:
+                t = np.arange(lo, hi + 1)
+                i = (base + self.s * lo) + self.s * (t - lo)  # (each < n: no overflow)
+                reads[t, r] = i
+                hits[i, r] = t
+        return reads, hits
+
+
+def axes(op: str, strides: tuple[int, ...], padding: str, explicit_paddings: tuple[int, ...],
+          data_format: str, dilations: tuple[int, ...], nhwc: tuple[int, int, int, int],
+          fsize: tuple[int, int, int, int]) -> tuple[Axis, Axis]:
+    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
+    N, H, W, C = nhwc
+    fh, fw, _, M = fsize
+    g = _geometry(op, a, N, H, W, C, fh, fw, M)
+    return Axis(H, fh, g.oh, g.sh, g.dh, g.pt), Axis(W, fw, g.ow, g.sw, g.dw, g.pl)
+
+
+def live_taps(reads: np.ndarray, n: int) -> list[int]:
+    """The taps that read the input for at least one output."""
+    return [int(r) for r in np.flatnonzero((reads != n).any(axis=0))]
+
+
+def use_grouped_conv(h: Axis, w: Axis, live: int) -> bool:
+    """The grouped convolution runs on the whole padded window: take it unless that window
+    dwarfs both the input and the gather's work (``live`` taps over the output)."""
+    if not all(ax.p < ax.extent < 2**31 for ax in (h, w)):
+        return False
+    return h.extent * w.extent <= 4 * h.n * w.n + h.o * w.o * live
 
 
 def _nhwc(t: np.ndarray, nchw: bool) -> np.ndarray:
@@ -294,7 +326,7 @@ def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[
             with np.errstate(all="ignore"):  # inf and NaN propagate as in TF
                 out = forward_reference(x, filter, geo)
         else:
-            from ..kernels import depthwise_conv as K
+            from ..dispatch import depthwise_conv as K
 
             out = K.forward(x, filter, geo)
     return _back(out, a.nchw)
@@ -315,7 +347,7 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
             with np.errstate(all="ignore"):
                 out = backprop_input_reference(filter, g, geo)
         else:
-            from ..kernels import depthwise_conv as K
+            from ..dispatch import depthwise_conv as K
 
             out = K.backprop_input(filter, g, geo)
     return _back(out, a.nchw)
@@ -335,7 +367,7 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
         if _config.use_reference():
             with np.errstate(all="ignore"):
                 return backprop_filter_reference(x, g, geo)
-        from ..kernels import depthwise_conv as K
+        from ..dispatch import depthwise_conv as K
 
         return K.backprop_filter(x, g, geo)
 
@@ -362,47 +394,6 @@ def _add(acc: np.ndarray, v: np.ndarray) -> np.ndarray:
     if not _is_half(acc.dtype):
         return acc + v
     return (acc.astype(_F32) + v.astype(_F32)).astype(acc.dtype)
-
-
-def gap_turns_plus(a, n, ch, p0, q0, sgn, r, c, fh, fw, dh, dw, sp, sq):  # type: ignore[no-untyped-def]  # noqa: E501
-    """Whether the inserted zeros of TF's explicitly dilated filter between real tap (r, c)
-    and the next one in row-major order turn a -0 sum into +0 (the kernels compile this
-    function too).
-
-    Tap (r, c) reads position (p0 + sgn * r * dh, q0 + sgn * c * dw): sgn = +1 for the
-    forward (positions in x), -1 for BackpropInput (positions in out_backprop's
-    zero-filled, stride-spread grid). An inserted tap adds 0 * v, nothing for a
-    non-finite v (the dilated convolution has no such tap). 0 * v is +0 exactly when v
-    is finite without a sign bit, and a +0 added to a -0 sum makes it +0 (adding a zero
-    changes nothing else). Position (p, q) reads v = a[n, p / sp, q / sq, ch] when sp
-    divides p, sq divides q and the element exists, else 0: the padding, or a
-    position between out_backprop's strides. So the answer needs no loop over the gap's
-    taps, which a huge dilation would make endless: a gap that reaches a 0 turns the sum
-    +0, and one that does not lies inside ``a`` and is scanned."""
-    if c + 1 < fw:  # the columns between taps c and c + 1 of filter row r
-        if dw == 1:
-            return False
-        pa = pb = p0 + sgn * r * dh
-        qa, qb = q0 + sgn * (c * dw + 1), q0 + sgn * ((c + 1) * dw - 1)
-    elif r + 1 < fh:  # the rows between filter rows r and r + 1, every column
-        if dh == 1:
-            return False
-        pa, pb = p0 + sgn * (r * dh + 1), p0 + sgn * ((r + 1) * dh - 1)
-        qa, qb = q0, q0 + sgn * (fw - 1) * dw
-    else:
-        return False
-    p1, p2, q1, q2 = min(pa, pb), max(pa, pb), min(qa, qb), max(qa, qb)
-    if (sp > 1 and p2 > p1) or (sq > 1 and q2 > q1) or p1 % sp != 0 or q1 % sq != 0:
-        return True  # a position between two strides
-    r1, r2, c1, c2 = p1 // sp, p2 // sp, q1 // sq, q2 // sq
-    if r1 < 0 or c1 < 0 or r2 >= a.shape[1] or c2 >= a.shape[2]:
-        return True  # the padding
-    for i in range(r1, r2 + 1):
-        for j in range(c1, c2 + 1):
-            v = a[n, i, j, ch]
-            if np.isfinite(v) and not np.signbit(v):
-                return True
-    return False
 
 
 def _at(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -13,6 +13,9 @@ lists them. Family ``f`` has the module ``tfgrad.testing.cases.f``, which define
   ``tfgrad warmup`` runs besides every case and every benchmark shape;
 - ``processor_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
   whose bits depend on the processor (fixtures recorded on another one skip them).
+- ``LARGE`` (op name -> function returning keyword arguments): one larger input per op,
+  big enough for the kernels' threads and reductions to split work (the determinism
+  tests run it on 1 and 2 threads and in several memory layouts).
 
 Adding an op touches the op table, its ``ops`` and ``kernels`` modules and its family's
 module here. ``oracle`` (TensorFlow as the reference) and ``harness`` (benchmark timing)

@@ -40,7 +40,6 @@ nothing but the mask's NaNs. Memory stays within a few times the output's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -48,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ...ops.depthwise_conv import _check_attrs, _geometry
+from ...ops.depthwise_conv import Axis, axes, live_taps, use_grouped_conv
 
 # Measured on CPU (the tap-by-tap slices, the grouped convolutions that other backends
 # run, the gather) over tests/cases/depthwise_conv.py with 8 seeds, ~500 random
@@ -76,80 +75,6 @@ _HIGHEST = lax.Precision.HIGHEST
 
 
 # --------------------------------------------------------------------------------------
-# Geometry, one spatial axis at a time (static: Python ints and NumPy tables)
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Axis:
-    n: int
-    """Input size."""
-    f: int
-    """Filter taps."""
-    o: int
-    """Output size."""
-    s: int
-    d: int
-    p: int
-    """Padding before (TF's pad_top / pad_left)."""
-
-    @property
-    def extent(self) -> int:
-        """Size of the zero-padded window the outputs read, from the padding's start."""
-        return (self.o - 1) * self.s + (self.f - 1) * self.d + 1
-
-    @property
-    def stride(self) -> int:
-        """The stride to give a convolution over exactly ``extent`` (irrelevant for o = 1,
-        where TF's stride may be up to 2**63 - 1)."""
-        return self.s if self.o > 1 else 1
-
-    def span(self) -> tuple[int, int, int]:
-        """The window as (padding before, input rows, padding after), each >= 0."""
-        before = min(self.p, self.extent)
-        rows = max(0, min(self.n, self.extent - self.p))
-        return before, rows, self.extent - before - rows
-
-    def tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """``reads`` [o, f]: the input index output i's tap r reads (n: the padding);
-        ``hits`` [n, f]: the output index input i meets through tap r (o: none), i.e.
-        where BackpropInput pairs w with out_backprop (i + p - r * d = s * t)."""
-        reads = np.full((self.o, self.f), self.n, np.int64)
-        hits = np.full((self.n, self.f), self.o, np.int64)
-        for r in range(self.f):
-            base = r * self.d - self.p  # (Python ints: pads and dilations up to 2**63 - 1)
-            lo = max(0, -(base // self.s))
-            hi = min(self.o - 1, (self.n - 1 - base) // self.s)
-            if lo <= hi:
-                t = np.arange(lo, hi + 1)
-                i = (base + self.s * lo) + self.s * (t - lo)  # (each < n: no overflow)
-                reads[t, r] = i
-                hits[i, r] = t
-        return reads, hits
-
-
-def _axes(op: str, strides: tuple[int, ...], padding: str, explicit_paddings: tuple[int, ...],
-          data_format: str, dilations: tuple[int, ...], nhwc: tuple[int, int, int, int],
-          fsize: tuple[int, int, int, int]) -> tuple[_Axis, _Axis]:
-    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    N, H, W, C = nhwc
-    fh, fw, _, M = fsize
-    g = _geometry(op, a, N, H, W, C, fh, fw, M)
-    return _Axis(H, fh, g.oh, g.sh, g.dh, g.pt), _Axis(W, fw, g.ow, g.sw, g.dw, g.pl)
-
-
-def _live(reads: np.ndarray, n: int) -> list[int]:
-    """The taps that read the input for at least one output."""
-    return [int(r) for r in np.flatnonzero((reads != n).any(axis=0))]
-
-
-def _use_conv(h: _Axis, w: _Axis, live: int) -> bool:
-    """The grouped convolution runs on the whole padded window: take it unless that window
-    dwarfs both the input and the gather's work (``live`` taps over the output)."""
-    if not all(ax.p < ax.extent < 2**31 for ax in (h, w)):
-        return False
-    return h.extent * w.extent <= 4 * h.n * w.n + h.o * w.o * live
-
-
-# --------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------
 def _compute_dtype(dt: Any) -> Any:
@@ -165,7 +90,7 @@ def _spec(nchw: bool) -> tuple[str, str, str]:
     return ("NCHW", "HWIO", "NCHW") if nchw else ("NHWC", "HWIO", "NHWC")
 
 
-def _window(x: jax.Array, h: _Axis, w: _Axis, nchw: bool
+def _window(x: jax.Array, h: Axis, w: Axis, nchw: bool
             ) -> tuple[jax.Array, list[tuple[int, int]]]:
     """x cropped to the input rows / columns the window holds, and the window's zero
     padding (before, after) per spatial axis, for the convolution's ``padding``."""
@@ -237,7 +162,7 @@ def _by_platform(default: Any, cpu: Any, *args: jax.Array) -> jax.Array:
     return lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
-def _conv(x: jax.Array, w: jax.Array, h: _Axis, wa: _Axis, pads: list[tuple[int, int]],
+def _conv(x: jax.Array, w: jax.Array, h: Axis, wa: Axis, pads: list[tuple[int, int]],
           nchw: bool) -> jax.Array:
     """The grouped convolution: w [fh, fw, C, M] as HWIO [fh, fw, 1, C * M], so output
     channel k * M + q is group k's q-th."""
@@ -247,7 +172,7 @@ def _conv(x: jax.Array, w: jax.Array, h: _Axis, wa: _Axis, pads: list[tuple[int,
         dimension_numbers=_spec(nchw), feature_group_count=C, precision=_HIGHEST)
 
 
-def _tap(xp: jax.Array, h: _Axis, wa: _Axis, r: int, c: int) -> jax.Array:
+def _tap(xp: jax.Array, h: Axis, wa: Axis, r: int, c: int) -> jax.Array:
     """What tap (r, c) reads for every output: a strided slice of the padded window
     xp [N, extent_h, extent_w, ch]."""
     N, _, _, ch = xp.shape
@@ -264,7 +189,7 @@ def DepthwiseConv2dNative(input: jax.Array, filter: jax.Array, strides: tuple[in
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input.shape), nchw)
     fh, fw, _, M = filter.shape
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter.shape))
     dt = input.dtype
     out = _out_shape((N, h.o, w.o, C * M), nchw)
@@ -274,8 +199,8 @@ def DepthwiseConv2dNative(input: jax.Array, filter: jax.Array, strides: tuple[in
     x, wt = input.astype(ct), filter.astype(ct)
     rh, _ = h.tables()
     rw, _ = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         xw, pads = _window(x, h, w, nchw)
 
         def slices(x: jax.Array, f: jax.Array) -> jax.Array:
@@ -324,7 +249,7 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: tuple[int, ...], filter: jax
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input_sizes), nchw)
     fh, fw, _, M = filter.shape
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter.shape))
     dt = filter.dtype
     if out_backprop.size == 0 or filter.size == 0:  # an empty sum: zeros
@@ -333,8 +258,8 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: tuple[int, ...], filter: jax
     g, wt = out_backprop.astype(ct), filter.astype(ct)
     rh, hh = h.tables()
     rw, hw = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         (_, hr, _), (_, wr, _) = h.span(), w.span()
         xw, pads = _window(jnp.zeros(_out_shape((N, H, W, C), nchw), ct), h, w, nchw)
 
@@ -395,7 +320,7 @@ def DepthwiseConv2dNativeBackpropFilter(input: jax.Array, filter_sizes: tuple[in
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input.shape), nchw)
     fh, fw, _, M = filter_sizes
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter_sizes))
     dt = input.dtype
     if out_backprop.size == 0 or math.prod(filter_sizes) == 0:  # an empty sum: zeros
@@ -404,8 +329,8 @@ def DepthwiseConv2dNativeBackpropFilter(input: jax.Array, filter_sizes: tuple[in
     x, g = input.astype(ct), out_backprop.astype(ct)
     rh, _ = h.tables()
     rw, _ = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         xw, pads = _window(x, h, w, nchw)
         g5 = _to_nhwc(g, nchw).reshape(N, h.o, w.o, C, M)
         # One multiplier lane at a time: JAX's filter transpose of a grouped convolution

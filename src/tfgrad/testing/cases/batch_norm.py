@@ -543,3 +543,30 @@ for _large, (_four, _five) in _WARM_SHAPES.items():
                     for _factor in ((1.0, 0.5) if _training else (1.0,)):
                         _make = _fwd_maker(_shape, _dt, _fmt, _training, 1e-3, _factor)
                         WARMUP.append(Warmup(_op, f"{_name}_f{_factor}", _make, _large))
+
+
+def _large(op: str) -> Callable[[], dict[str, Any]]:
+    """A larger input for ``op``: big enough for the kernels' threads and reductions to
+    split work (tests/test_determinism.py runs it on 1 and 2 threads)."""
+    def make() -> dict[str, Any]:
+        g = np.random.default_rng(2)
+        t = np.float16 if op.endswith(("V2",)) else np.float32
+        x = (g.standard_normal((16, 24, 24, 37)) * 3 + 1).astype(t)  # 341k values, 37 ch
+        c = x.shape[-1]
+        if "Grad" in op:
+            kw = {"y_backprop": g.standard_normal(x.shape).astype(t), "x": x,
+                  "scale": g.standard_normal(c).astype(np.float32),
+                  "reserve_space_1": g.standard_normal(c).astype(np.float32),
+                  "reserve_space_2": g.random(c).astype(np.float32) + 0.5, "is_training": True}
+            if op.endswith("V3"):
+                kw["reserve_space_3"] = np.zeros(c, np.float32)
+            return kw
+        return {"x": x, "scale": g.standard_normal(c).astype(np.float32),
+                "offset": g.standard_normal(c).astype(np.float32),
+                "mean": np.zeros(c, np.float32), "variance": np.ones(c, np.float32),
+                "exponential_avg_factor": 0.3, "is_training": True}
+    return make
+
+
+LARGE: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _large(name) for name, op in OPS.items() if op.family == "batch_norm"}

@@ -9,6 +9,7 @@ convolution itself for finite inputs, zero signs included (see tfgrad.ops.depthw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -16,7 +17,9 @@ import numba
 import numpy as np
 
 from tfgrad import InvalidArgumentError
-from tfgrad.ops.depthwise_conv import window
+from tfgrad._opdefs import OPS
+from tfgrad._tf.depthwise import window
+from tfgrad.kernels.depthwise_conv import VARIANTS, Variant
 
 from ..harness import Bench, array_bytes
 from . import Case, ErrorCase, Warmup
@@ -465,3 +468,52 @@ WARMUP: list[Warmup] = [
                     f"_s{s}_d{d}{'_inf' if inf else ''}", **size, s=s, padding=padding,
                     pads=pads, dil=(d, d), nchw=nchw, dtypes=ALL4, inf_filter=inf)
 ]
+
+# One input per register-blocked kernel of the variant table (``VARIANTS``), in float32 and
+# float64, whatever the cases and benchmarks select (tests/test_depthwise_conv.py checks
+# that each input selects its variant).
+_VARIANT_OPS = {"forward": FWD, "backprop_input": BI, "backprop_filter": BF}
+
+
+def variant_size(v: Variant, dname: str) -> dict[str, int]:
+    """Sizes whose call selects variant ``v`` in dtype ``dname`` (``"f32"`` or ``"f64"``)."""
+    line = 16 if dname == "f32" else 8  # (elements in a 64-byte line)
+    if v.stream or v.pstream:  # an output of 4 MiB (the streaming minimum), whole lines
+        return dict(N=1, H=256, W=256, C=line, M=2 if v.pstream else 1)
+    if v.blocked:  # C * M whole lane vectors
+        return dict(N=1, H=9, W=9, C=line // 2, M=2)
+    return dict(N=1, H=9, W=9, C=3, M=1)
+
+
+VARIANT_WARMUP: list[tuple[Variant, Warmup]] = [
+    (v, Warmup(c.op, c.name, c.make, v.stream or v.pstream))
+    for v in VARIANTS for dname in ("f32", "f64")
+    for c in _cases(f"variant_{v.op}_{v.fh}x{v.fw}{'_stream' if v.stream else ''}"
+                    f"{'_blocked' if v.blocked else ''}{'_pstream' if v.pstream else ''}",
+                    **variant_size(v, dname), fh=v.fh, fw=v.fw, dtypes=(dname,),
+                    ops=(_VARIANT_OPS[v.op],))
+]
+WARMUP += [w for _, w in VARIANT_WARMUP]
+
+
+def _large(op: str) -> Callable[[], dict[str, Any]]:
+    """A larger input for ``op``: big enough for the kernels' threads and reductions to
+    split work (tests/test_determinism.py runs it on 1 and 2 threads)."""
+    def make() -> dict[str, Any]:
+        g = np.random.default_rng(3)
+        x = g.standard_normal((4, 33, 29, 12)).astype(np.float32)
+        w = g.standard_normal((3, 3, 12, 3)).astype(np.float32)
+        attrs = {"strides": [1, 2, 2, 1], "padding": "SAME"}
+        dy = g.standard_normal((4, 17, 15, 36)).astype(np.float32)
+        if op == "DepthwiseConv2dNative":
+            return {"input": x, "filter": w, **attrs}
+        if op == "DepthwiseConv2dNativeBackpropInput":
+            return {"input_sizes": np.array(x.shape, np.int32), "filter": w,
+                    "out_backprop": dy, **attrs}
+        return {"input": x, "filter_sizes": np.array(w.shape, np.int32), "out_backprop": dy,
+                **attrs}
+    return make
+
+
+LARGE: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _large(name) for name, op in OPS.items() if op.family == "depthwise_conv"}

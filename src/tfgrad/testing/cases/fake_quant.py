@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tfgrad import InvalidArgumentError as IAE
+from tfgrad._opdefs import OPS
 from tfgrad.ops.fake_quant import nudge
 
 from ..harness import Bench, array_bytes, torch_module
@@ -429,3 +430,27 @@ WARMUP: list[Warmup] = [
            large=shape == (256, 512))
     for shape in ((3, 5), (256, 512)) for narrow in (False, True) for op in _OPS.values()
 ]
+
+
+def _large(op: str) -> Callable[[], dict[str, Any]]:
+    """A larger input for ``op``: big enough for the kernels' threads and reductions to
+    split work (tests/test_determinism.py runs it on 1 and 2 threads)."""
+    def make() -> dict[str, Any]:
+        g = np.random.default_rng(1)
+        x = (g.standard_normal((64, 48, 40)) * 4).astype(np.float32)  # 122,880 values
+        kw: dict[str, Any] = {"inputs": x}
+        if "Gradient" in op:
+            kw["gradients"] = g.standard_normal(x.shape).astype(np.float32)
+        if "PerChannel" in op:
+            kw["min"] = np.full(40, -3.0, np.float32) - g.random(40).astype(np.float32)
+            kw["max"] = np.full(40, 3.0, np.float32) + g.random(40).astype(np.float32)
+        elif "Vars" in op:
+            kw["min"], kw["max"] = np.array(-3.3, np.float32), np.array(2.9, np.float32)
+        else:
+            kw["min"], kw["max"] = -3.3, 2.9
+        return kw
+    return make
+
+
+LARGE: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _large(name) for name, op in OPS.items() if op.family == "fake_quant"}

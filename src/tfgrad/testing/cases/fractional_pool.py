@@ -9,9 +9,13 @@ orig_input computed here from the definition.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from tfgrad import raw_ops
+from tfgrad._opdefs import OPS
 
 from ..harness import Bench, array_bytes
 from . import Case, ErrorCase, Warmup
@@ -643,3 +647,31 @@ for _large, _shape in _WARM_SHAPES.items():
                       for op in ("FractionalMaxPool", "FractionalAvgPool") for ps in (False, True)]
             _built += [_max_grad(_name, _dt, _ov, _shape), _avg_grad(_name, _dt, _ov, _shape)]
             WARMUP += [Warmup(c.op, c.name, c.make, _large) for c in _built]
+
+
+def _large(op: str) -> Callable[[], dict[str, Any]]:
+    """A larger input for ``op``: big enough for the kernels' threads and reductions to
+    split work (tests/test_determinism.py runs it on 1 and 2 threads)."""
+    def make() -> dict[str, Any]:
+        g = np.random.default_rng(4)
+        x = g.standard_normal((6, 61, 53, 8)).astype(np.float64)
+        fwd = {"value": x, "pooling_ratio": [1.0, 1.7, 1.4, 1.0], "overlapping": True,
+               "deterministic": True, "seed": 7, "seed2": 11}
+        if op in ("FractionalAvgPool", "FractionalMaxPool"):
+            return fwd
+        if op == "FractionalAvgPoolGrad":
+            out, rows, cols = raw_ops.FractionalAvgPool(**fwd)
+            return {"orig_input_tensor_shape": np.array(x.shape, np.int64),
+                    "out_backprop": g.standard_normal(out.shape).astype(np.float64),
+                    "row_pooling_sequence": rows, "col_pooling_sequence": cols,
+                    "overlapping": True}
+        out, rows, cols = raw_ops.FractionalMaxPool(**fwd)
+        return {"orig_input": x, "orig_output": out,
+                "out_backprop": g.standard_normal(out.shape).astype(np.float64),
+                "row_pooling_sequence": rows, "col_pooling_sequence": cols,
+                "overlapping": True}
+    return make
+
+
+LARGE: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _large(name) for name, op in OPS.items() if op.family == "fractional_pool"}

@@ -33,13 +33,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...ops.depthwise_conv import _check_attrs, _geometry
+from ...ops.depthwise_conv import Axis, axes, live_taps, use_grouped_conv
 
 # Measured (CPU: the grouped convolutions and the gather) over tests/cases/depthwise_conv.py
 # with 8 seeds, ~500 random geometries (up to N*oh*ow = 1.1e4) and the tests' huge
@@ -64,88 +63,14 @@ NOTES: dict[str, str] = {op: _NOT_REPRODUCED for op in BOUNDS}
 _HALF = (torch.float16, torch.bfloat16)
 
 
-# --------------------------------------------------------------------------------------
-# Geometry, one spatial axis at a time
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Axis:
-    n: int
-    """Input size."""
-    f: int
-    """Filter taps."""
-    o: int
-    """Output size."""
-    s: int
-    d: int
-    p: int
-    """Padding before (TF's pad_top / pad_left)."""
-
-    @property
-    def extent(self) -> int:
-        """Size of the zero-padded window the outputs read, from the padding's start."""
-        return (self.o - 1) * self.s + (self.f - 1) * self.d + 1
-
-    @property
-    def stride(self) -> int:
-        """The stride to give a convolution over exactly ``extent`` (irrelevant for o = 1,
-        where TF's stride may be up to 2**63 - 1)."""
-        return self.s if self.o > 1 else 1
-
-    def span(self) -> tuple[int, int, int]:
-        """The window as (padding before, input rows, padding after), each >= 0."""
-        before = min(self.p, self.extent)
-        rows = max(0, min(self.n, self.extent - self.p))
-        return before, rows, self.extent - before - rows
-
-    def tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """``reads`` [o, f]: the input index output i's tap r reads (n: the padding);
-        ``hits`` [n, f]: the output index input i meets through tap r (o: none), i.e.
-        where BackpropInput pairs w with out_backprop (i + p - r * d = s * t)."""
-        reads = np.full((self.o, self.f), self.n, np.int64)
-        hits = np.full((self.n, self.f), self.o, np.int64)
-        for r in range(self.f):
-            base = r * self.d - self.p  # (Python ints: pads and dilations up to 2**63 - 1)
-            lo = max(0, -(base // self.s))
-            hi = min(self.o - 1, (self.n - 1 - base) // self.s)
-            if lo <= hi:
-                t = np.arange(lo, hi + 1)
-                i = (base + self.s * lo) + self.s * (t - lo)  # (each < n: no overflow)
-                reads[t, r] = i
-                hits[i, r] = t
-        return reads, hits
-
-
-def _axes(op: str, strides: tuple[int, ...], padding: str, explicit_paddings: tuple[int, ...],
-          data_format: str, dilations: tuple[int, ...], nhwc: tuple[int, int, int, int],
-          fsize: tuple[int, int, int, int]) -> tuple[_Axis, _Axis]:
-    a = _check_attrs(op, strides, padding, explicit_paddings, data_format, dilations)
-    N, H, W, C = nhwc
-    fh, fw, _, M = fsize
-    g = _geometry(op, a, N, H, W, C, fh, fw, M)
-    return _Axis(H, fh, g.oh, g.sh, g.dh, g.pt), _Axis(W, fw, g.ow, g.sw, g.dw, g.pl)
-
-
-def _live(reads: np.ndarray, n: int) -> list[int]:
-    """The taps that read the input for at least one output."""
-    return [int(r) for r in np.flatnonzero((reads != n).any(axis=0))]
-
-
-def _use_conv(h: _Axis, w: _Axis, live: int) -> bool:
-    """The grouped convolution runs on the whole padded window: take it unless that window
-    dwarfs both the input and the gather's work (``live`` taps over the output)."""
-    if not all(ax.p < ax.extent < 2**31 for ax in (h, w)):
-        return False
-    return h.extent * w.extent <= 4 * h.n * w.n + h.o * w.o * live
-
-
-def _window(x: torch.Tensor, h: _Axis, w: _Axis) -> torch.Tensor:
+def _window(x: torch.Tensor, h: Axis, w: Axis) -> torch.Tensor:
     """x [N, C, H, W] cropped / zero-padded to the window [-p, extent - p) on both axes."""
     t, hr, b = h.span()
     left, wr, right = w.span()
     return F.pad(x[:, :, :hr, :wr], (left, right, t, b))
 
 
-def _unwindow(y: torch.Tensor, h: _Axis, w: _Axis) -> torch.Tensor:
+def _unwindow(y: torch.Tensor, h: Axis, w: Axis) -> torch.Tensor:
     """The inverse of _window's placement: y [N, C, extent_h, extent_w] back on the input's
     rows and columns (zeros where the window ends before the input does)."""
     t, hr, _ = h.span()
@@ -241,7 +166,7 @@ def DepthwiseConv2dNative(input: torch.Tensor, filter: torch.Tensor, strides: tu
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input.shape), nchw)
     fh, fw, _, M = filter.shape
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter.shape))
     dt, dev = input.dtype, input.device
     if N * C * M * h.o * w.o == 0 or fh * fw == 0:  # an empty output or no taps: zeros
@@ -251,8 +176,8 @@ def DepthwiseConv2dNative(input: torch.Tensor, filter: torch.Tensor, strides: tu
     wt = filter.to(ct)
     rh, _ = h.tables()
     rw, _ = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         with _ieee():
             y = F.conv2d(_window(x, h, w), _grouped(wt), stride=(h.stride, w.stride),
                          dilation=(h.d, w.d), groups=C)
@@ -287,7 +212,7 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: tuple[int, ...], filter: tor
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input_sizes), nchw)
     fh, fw, _, M = filter.shape
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter.shape))
     dt, dev = filter.dtype, filter.device
     if out_backprop.numel() == 0 or filter.numel() == 0:  # an empty sum: zeros
@@ -297,8 +222,8 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: tuple[int, ...], filter: tor
     wt = filter.to(ct)
     rh, hh = h.tables()
     rw, hw = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         with _ieee():  # the window's gradient: exactly extent rows, no output_padding
             dxw = F.conv_transpose2d(g, _grouped(wt), stride=(h.stride, w.stride),
                                      dilation=(h.d, w.d), groups=C)
@@ -336,7 +261,7 @@ def DepthwiseConv2dNativeBackpropFilter(input: torch.Tensor, filter_sizes: tuple
     nchw = data_format == "NCHW"
     N, H, W, C = _nhwc_dims(tuple(input.shape), nchw)
     fh, fw, _, M = filter_sizes
-    h, w = _axes(op, strides, padding, explicit_paddings, data_format, dilations,
+    h, w = axes(op, strides, padding, explicit_paddings, data_format, dilations,
                  (N, H, W, C), tuple(filter_sizes))
     dt, dev = input.dtype, input.device
     if out_backprop.numel() == 0 or math.prod(filter_sizes) == 0:  # an empty sum: zeros
@@ -346,8 +271,8 @@ def DepthwiseConv2dNativeBackpropFilter(input: torch.Tensor, filter_sizes: tuple
     g = _nchw(out_backprop, nchw).to(ct)
     rh, _ = h.tables()
     rw, _ = w.tables()
-    live_h, live_w = _live(rh, H), _live(rw, W)
-    if _use_conv(h, w, len(live_h) * len(live_w)):
+    live_h, live_w = live_taps(rh, H), live_taps(rw, W)
+    if use_grouped_conv(h, w, len(live_h) * len(live_w)):
         with _ieee():
             dwt = torch.nn.grad.conv2d_weight(
                 _window(x, h, w), (C * M, 1, fh, fw), g, stride=(h.stride, w.stride),
