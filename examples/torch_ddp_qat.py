@@ -78,6 +78,12 @@ def worker(rank: int, args: argparse.Namespace, out_path: str) -> None:
 def _spawned(rank: int, port: int, args: argparse.Namespace, out_path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     worker(rank, args, out_path)
+    # The work is done and the process group destroyed: leave without the interpreter's
+    # teardown, where torch 2.13's gloo sometimes aborts ("terminate called without an
+    # active exception"; also with a plain torch model and no tfgrad).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def reference_gradients(quick: bool) -> list[torch.Tensor]:

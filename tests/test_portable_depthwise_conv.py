@@ -107,7 +107,7 @@ _GATHER = ("same_3x3", "explicit_3x2_s2_m3", "m9_same", "m17_s2", "batch5_4x4",
 @pytest.mark.parametrize("case", _cases(*_GATHER), ids=lambda c: c.id)
 def test_gather_within_bounds(impl: Any, case: Case) -> None:
     """The formulation for huge geometry, forced on ordinary cases."""
-    with _patched(impl, _use_conv=lambda *a: False):
+    with _patched(impl, use_grouped_conv=lambda *a: False):
         assert not _run_case(impl, case, (None,))
 
 
@@ -209,7 +209,7 @@ def test_bounds_declared(framework: str) -> None:
 
 
 def _shift_padding(axes: Any) -> Any:
-    """_axes with the padding before one larger: every window one row / column up."""
+    """axes() with the padding before one larger: every window one row / column up."""
     def mutant(*args: Any, **kwargs: Any) -> Any:
         return tuple(dataclasses.replace(ax, p=ax.p + 1) for ax in axes(*args, **kwargs))
     return mutant
@@ -217,7 +217,7 @@ def _shift_padding(axes: Any) -> Any:
 
 def test_padding_off_by_one_fails(impl: Any) -> None:
     """SAME's odd pad put before instead of after (the window one row up) is caught."""
-    with _patched(impl, _axes=_shift_padding(impl.mod._axes)):
+    with _patched(impl, axes=_shift_padding(impl.mod.axes)):
         for case in _cases("same_odd_pad_2x2"):
             assert _run_case(impl, case, (None,)), case.id
 
