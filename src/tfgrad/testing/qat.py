@@ -1,0 +1,182 @@
+"""QAT parity models and TF's side of the parity runs (tf_keras + tfmot, imported lazily).
+
+Each builder makes a small float tf_keras model for one of tfmot's rewrite patterns;
+:func:`tfmot_qat` quantizes it with tfmot and saves it; :func:`tf_steps` trains it on
+given batches with a loss whose gradient is exact in any framework (``sum(y * c)``) and
+plain SGD written as TF computes it (``var - lr * grad``, two roundings), recording the
+outputs and every variable after each step. The torch and JAX parity tests and
+examples/port_tfmot_model.py run the same steps on the port and compare.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..qat import Plan
+
+
+def keras() -> Any:
+    """tf_keras with TF's Eigen kernels (the oracle); raises ImportError when missing."""
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras
+
+    return tf_keras
+
+
+def tfmot() -> Any:
+    keras()
+    import tensorflow_model_optimization
+
+    return tensorflow_model_optimization
+
+
+def _depthwise_chain(k: Any) -> Any:
+    """Only tfgrad's operators upstream of every activation range: depthwise convs, 4-D
+    batch norm, ReLU/ReLU6, ZeroPadding2D, MaxPooling2D, Add, Concatenate, Flatten."""
+    L = k.layers
+    i = k.Input((10, 10, 3))
+    x = L.ZeroPadding2D(1)(i)
+    x = L.DepthwiseConv2D(3, strides=2, depth_multiplier=2, use_bias=False)(x)
+    x = L.BatchNormalization()(x)
+    x = L.ReLU(6.0)(x)
+    y = L.DepthwiseConv2D(3, padding="same", use_bias=False)(x)
+    y = L.BatchNormalization()(y)
+    y = L.ReLU()(y)
+    x = L.Add()([x, y])
+    x = L.Activation("relu")(x)
+    z = L.DepthwiseConv2D(1)(x)
+    x = L.Concatenate()([x, z])
+    x = L.MaxPooling2D(2)(x)
+    x = L.Flatten()(x)
+    x = L.Dense(6)(x)
+    return k.Model(i, x, name="depthwise_chain")
+
+
+def _cnn(k: Any) -> Any:
+    """Conv2D + BN (+ ReLU / Activation relu / none), a separate ReLU after a conv,
+    average pooling, global average pooling, Dense + 2-D BN + ReLU, dropout, softmax."""
+    L = k.layers
+    i = k.Input((12, 12, 3))
+    x = L.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(i)
+    x = L.BatchNormalization()(x)
+    x = L.ReLU(6.0)(x)
+    x = L.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    x = L.BatchNormalization()(x)
+    x = L.Activation("relu")(x)
+    y = L.Conv2D(8, 1, use_bias=False)(x)
+    y = L.BatchNormalization()(y)
+    x = L.Add()([x, y])
+    x = L.Conv2D(8, 1)(x)
+    x = L.ReLU()(x)
+    x = L.AveragePooling2D(2, padding="same")(x)
+    x = L.GlobalAveragePooling2D()(x)
+    x = L.Dense(16, use_bias=False)(x)
+    x = L.BatchNormalization()(x)
+    x = L.ReLU()(x)
+    x = L.Dropout(0.0)(x)
+    x = L.Dense(5, activation="softmax")(x)
+    return k.Model(i, x, name="cnn")
+
+
+def _mlp(k: Any) -> Any:
+    """A Sequential MLP: Flatten, Dense with activations, Reshape."""
+    L = k.layers
+    return k.Sequential([
+        L.Reshape((6, 4), input_shape=(24,)),
+        L.Flatten(),
+        L.Dense(12, activation="relu"),
+        L.Dense(8),
+        L.Softmax(),
+    ], name="mlp")
+
+
+MODELS: dict[str, Callable[[Any], Any]] = {
+    "depthwise_chain": _depthwise_chain,
+    "cnn": _cnn,
+    "mlp": _mlp,
+}
+
+
+def input_shape(model: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in model.input_shape[1:])
+
+
+def tfmot_qat(name: str, folder: str, seed: int = 0) -> tuple[str, str]:
+    """Build model ``name`` (weights from ``seed``), save it float and tfmot-quantized as
+    ``.h5`` in ``folder``; returns (float path, QAT path)."""
+    k = keras()
+    k.utils.set_random_seed(seed)
+    float_model = MODELS[name](k)
+    rng = np.random.default_rng(seed)
+    for w in float_model.weights:  # non-trivial BN statistics and biases too
+        if "moving_variance" in w.name or "gamma" in w.name:
+            w.assign(rng.uniform(0.5, 1.5, w.shape).astype(np.float32))
+        elif "moving_mean" in w.name or "beta" in w.name or "bias" in w.name:
+            w.assign(rng.uniform(-0.3, 0.3, w.shape).astype(np.float32))
+    fpath = os.path.join(folder, f"{name}_float.h5")
+    qpath = os.path.join(folder, f"{name}_qat.h5")
+    float_model.save(fpath)
+    qat = tfmot().quantization.keras.quantize_model(float_model)
+    qat.save(qpath)
+    return fpath, qpath
+
+
+def load_tf(path: str) -> Any:
+    with tfmot().quantization.keras.quantize_scope():
+        return keras().models.load_model(path, compile=False)
+
+
+def layer_weights(model: Any) -> dict[str, list[np.ndarray]]:
+    """Each layer's weights in its own order (the order an .h5 file lists them)."""
+    return {layer.name: [w.numpy() for w in layer.weights] for layer in model.layers}
+
+
+def tf_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
+             ) -> list[dict[str, Any]]:
+    """Train ``model`` one SGD step per batch: loss ``sum(y * c)``, ``var -= lr * grad``.
+    Returns per step the training forward's output and every layer's weights after the
+    update."""
+    import tensorflow as tf
+
+    out = []
+    lr32 = tf.constant(lr, tf.float32)
+    for x, c in zip(xs, cs):
+        with tf.GradientTape() as tape:
+            y = model(x, training=True)
+            loss = tf.reduce_sum(y * c)
+        grads = tape.gradient(loss, model.trainable_weights)
+        for v, g in zip(model.trainable_weights, grads):
+            v.assign_sub(lr32 * g)
+        out.append({"y": y.numpy(), "weights": layer_weights(model)})
+    return out
+
+
+def exact_ranges(plan: Plan) -> set[str]:
+    """The range variables whose every upstream op is one of tfgrad's operators or exact in
+    any framework (elementwise adds, max, pads, reshapes), so a port's values after a
+    training forward equal TF's bit for bit: weight ranges, and activation ranges of
+    nodes whose inputs are all exact."""
+    exact_kinds = {"InputLayer", "QuantizeLayer", "DepthwiseConv2D", "ReLU", "Add",
+                   "Concatenate", "ZeroPadding2D", "MaxPooling2D", "Flatten", "Reshape",
+                   "Dropout"}
+    good: set[str] = set()
+    names: set[str] = set()
+    for n in plan.nodes:
+        upstream = all(i in good for i in n.inputs)
+        for place, q in n.quantizers():
+            if place.startswith("weight:"):
+                names |= {q.min_name, q.max_name}
+        ok = upstream and (
+            n.kind in exact_kinds
+            or (n.kind == "BatchNormalization" and len(n.output_shape) == 4)
+            or (n.kind == "Activation" and n.activation in ("relu", "relu6", "linear")))
+        if ok:
+            good.add(n.name)
+            for _, q in n.quantizers():
+                names |= {q.min_name, q.max_name}
+    return names

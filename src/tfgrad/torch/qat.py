@@ -1,0 +1,437 @@
+"""tfmot QAT models in PyTorch: :func:`load_keras` builds a ``torch.nn.Module`` from a
+tf_keras model file through :mod:`tfgrad.qat`'s plan; :func:`save_keras` writes it back.
+
+The module takes and returns NHWC float32 tensors, as the Keras model does. Its
+``parameters()`` are exactly the Keras model's trainable weights, in the file's order; the
+range variables, batch norm's moving statistics and tfmot's ``optimizer_step`` are buffers
+(never trained: tfmot's are non-trainable). ``module.train()`` is Keras' ``training=True``:
+each quantizer updates its range before use, as tfmot does; ``module.eval()`` uses the
+stored ranges. Fake quantization, depthwise convolution and (4-D) batch norm run tfgrad's
+operators (TF's bits on the CPU); Conv2D, Dense, pooling, softmax and 2-D batch norm run
+torch's own ops (see docs/qat.md for the distances).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import qat as _qat
+from ..qat import KerasFileError, Node, Plan, Quantizer
+from ._functions import FUNCTIONS
+
+_fq = FUNCTIONS["fake_quant_with_min_max_vars"]
+_fq_pc = FUNCTIONS["fake_quant_with_min_max_vars_per_channel"]
+_depthwise = FUNCTIONS["depthwise_conv2d_native"]
+_fbn = FUNCTIONS["fused_batch_norm_v3"]
+
+# float32(1 - 0.999), as assign_moving_average converts the Python float
+_EMA = torch.tensor(1.0 - 0.999, dtype=torch.float32)
+
+
+def _key(name: str) -> str:
+    """A Keras name as a torch module/attribute name (no dots, slashes or colons)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def _replica_mean(v: torch.Tensor) -> torch.Tensor:
+    """The mean over data-parallel replicas, as tf.distribute's MirroredStrategy reduces
+    the moving averages' new values; the value itself outside torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        v = v.clone()
+        dist.all_reduce(v, op=dist.ReduceOp.SUM)
+        v = v / dist.get_world_size()
+    return v
+
+
+class RangeQuantizer(nn.Module):
+    """One of tfmot's quantizers: two float32 range buffers and its update rule."""
+
+    def __init__(self, q: Quantizer):
+        super().__init__()
+        self.spec = q
+        self.register_buffer("min", torch.full(q.shape, q.init[0], dtype=torch.float32))
+        self.register_buffer("max", torch.full(q.shape, q.init[1], dtype=torch.float32))
+
+    def _batch_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.spec
+        if q.per_axis:
+            flat = x.detach().reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.detach()
+            if x.dim() >= 2:
+                return flat.amin(0), flat.amax(0)
+            return flat, flat
+        return x.detach().amin(), x.detach().amax()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.spec
+        if self.training:
+            with torch.no_grad():
+                bmin, bmax = self._batch_range(x)
+                zero = torch.zeros((), dtype=x.dtype, device=x.device)
+                ratio = -1.0 if q.narrow_range else -((1 << q.num_bits) - 2) / (1 << q.num_bits)
+                if q.kind == "all_values":
+                    if q.symmetric:  # tfmot updates batch_min first, then uses it
+                        bmin = torch.minimum(bmin, bmax / ratio)
+                        bmax = torch.maximum(bmax, bmin * ratio)
+                    lo = torch.minimum(torch.minimum(self.min, bmin), zero)
+                    hi = torch.maximum(torch.maximum(self.max, bmax), zero)
+                else:
+                    if q.symmetric:
+                        lo = torch.minimum(bmin, bmax / ratio)
+                        hi = torch.maximum(bmax, bmin * ratio)
+                    else:
+                        lo, hi = torch.minimum(bmin, zero), torch.maximum(bmax, zero)
+                    if q.kind == "moving_average":
+                        d = _EMA.to(x.device)
+                        lo = self.min - (self.min - _replica_mean(lo)) * d
+                        hi = self.max - (self.max - _replica_mean(hi)) * d
+                self.min.copy_(lo)
+                self.max.copy_(hi)
+        if q.per_axis:
+            return _fq_pc(x, self.min, self.max, num_bits=q.num_bits,
+                          narrow_range=q.narrow_range)
+        return _fq(x, self.min, self.max, num_bits=q.num_bits, narrow_range=q.narrow_range)
+
+    def extra_repr(self) -> str:
+        q = self.spec
+        return (f"{q.kind}, num_bits={q.num_bits}, per_axis={q.per_axis}, "
+                f"symmetric={q.symmetric}, narrow_range={q.narrow_range}")
+
+
+def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
+    eff = (k - 1) * d + 1
+    out = -(-size // s)
+    total = max((out - 1) * s + eff - size, 0)
+    return total // 2, total - total // 2
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _activate(x: torch.Tensor, name: str) -> torch.Tensor:
+    if name in ("linear", "noop"):
+        return x
+    if name == "relu":
+        return torch.relu(x)
+    if name == "relu6":
+        return F.relu6(x)
+    if name == "softmax":
+        return torch.softmax(x, -1)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "tanh":
+        return torch.tanh(x)
+    if name == "swish":
+        return x * torch.sigmoid(x)
+    raise KerasFileError(f"activation {name!r}")  # the plan refuses these first
+
+
+class Layer(nn.Module):
+    """One node of the plan: its weights (parameters and buffers under their Keras
+    attribute names) and quantizers, and the Keras layer's computation."""
+
+    def __init__(self, node: Node):
+        super().__init__()
+        self.node = node
+        for w in node.weights:
+            if w.attr == "optimizer_step":
+                self.register_buffer("optimizer_step", torch.tensor(-1, dtype=torch.int32))
+            elif w.attr.endswith(("_min", "_max")) and node.wrapped:
+                continue  # a quantizer's, registered below
+            elif w.trainable:
+                self.register_parameter(w.attr, nn.Parameter(torch.zeros(w.shape)))
+            else:
+                init = 1.0 if w.attr == "moving_variance" else 0.0
+                self.register_buffer(w.attr, torch.full(w.shape, init))
+        self.weight_quantizers = nn.ModuleDict(
+            {a: RangeQuantizer(q) for a, q in node.weight_quantizers.items()})
+        self.pre_activation = RangeQuantizer(node.pre_activation) if node.pre_activation else None
+        self.post_activation = (RangeQuantizer(node.post_activation)
+                                if node.post_activation else None)
+        self.output = RangeQuantizer(node.output) if node.output else None
+
+    def _w(self, attr: str) -> torch.Tensor:
+        t = getattr(self, attr)
+        if attr in self.weight_quantizers:
+            t = self.weight_quantizers[attr](t)
+        return t
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_activation is not None:
+            x = self.pre_activation(x)
+        x = _activate(x, self.node.activation)
+        if self.post_activation is not None:
+            x = self.post_activation(x)
+        return x
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        n, cfg = self.node, self.node.config
+        kind = n.kind
+        x = xs[0] if xs else None
+        if kind == "QuantizeLayer":
+            y = x
+        elif kind == "Conv2D":
+            y = self._conv(x, cfg)
+        elif kind == "DepthwiseConv2D":
+            s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
+            y = _depthwise(x, self._w("depthwise_kernel"), strides=[1, s[0], s[1], 1],
+                           padding=str(cfg["padding"]).upper(),
+                           dilations=[1, d[0], d[1], 1])
+            y = self._bias(y)
+            y = self._activation(y)
+        elif kind == "SeparableConv2D":  # float only: the QAT rewrite splits it
+            s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
+            y = _depthwise(x, self.depthwise_kernel, strides=[1, s[0], s[1], 1],
+                           padding=str(cfg["padding"]).upper(),
+                           dilations=[1, d[0], d[1], 1])
+            y = _conv2d(y, self.pointwise_kernel, (1, 1), (1, 1), "valid")
+            y = self._activation(self._bias(y))
+        elif kind == "Dense":
+            y = self._activation(self._bias(x @ self._w("kernel")))
+        elif kind == "BatchNormalization":
+            y = self._batch_norm(x, cfg)
+        elif kind == "ReLU":
+            y = _relu_layer(x, cfg)
+        elif kind == "Activation":
+            y = _activate(x, n.activation)
+        elif kind == "Add":
+            y = xs[0]
+            for other in xs[1:]:
+                y = y + other
+        elif kind == "Concatenate":
+            y = torch.cat(xs, dim=int(cfg.get("axis", -1)))
+        elif kind == "ZeroPadding2D":
+            (t, b), (lf, r) = _qat._plan._padding2d(cfg["padding"])
+            y = F.pad(x, (0, 0, lf, r, t, b))
+        elif kind in ("AveragePooling2D", "MaxPooling2D"):
+            y = _pool(x, cfg, kind == "MaxPooling2D")
+        elif kind == "GlobalAveragePooling2D":
+            y = x.mean(dim=(1, 2), keepdim=bool(cfg.get("keepdims", False)))
+        elif kind == "Dropout":
+            y = F.dropout(x, float(cfg.get("rate", 0.0)), self.training)
+        elif kind == "Flatten":
+            y = x.reshape(x.shape[0], -1)
+        elif kind == "Reshape":
+            y = x.reshape(x.shape[0], *[int(v) for v in cfg["target_shape"]])
+        elif kind == "Softmax":
+            y = torch.softmax(x, int(cfg.get("axis", -1)))
+        else:  # the plan refuses any other kind
+            raise KerasFileError(f"layer {n.name!r}: {kind}")
+        if self.output is not None:
+            y = self.output(y)
+        return y
+
+    def _bias(self, y: torch.Tensor) -> torch.Tensor:
+        bias = getattr(self, "bias", None)
+        return y + bias if isinstance(bias, torch.Tensor) else y
+
+    def _conv(self, x: torch.Tensor, cfg: Any) -> torch.Tensor:
+        y = _conv2d(x, self._w("kernel"), _pair(cfg.get("strides", 1)),
+                    _pair(cfg.get("dilation_rate", 1)), str(cfg["padding"]).lower())
+        return self._activation(self._bias(y))
+
+    def _batch_norm(self, x: torch.Tensor, cfg: Any) -> torch.Tensor:
+        c = x.shape[-1]
+        gamma = getattr(self, "gamma", None)
+        beta = getattr(self, "beta", None)
+        if gamma is None:
+            gamma = torch.ones(c, dtype=x.dtype, device=x.device)
+        if beta is None:
+            beta = torch.zeros(c, dtype=x.dtype, device=x.device)
+        eps = float(cfg.get("epsilon", 1e-3))
+        momentum = float(cfg.get("momentum", 0.99))
+        if x.dim() == 4:
+            # Keras' fused path: tf.compat.v1.nn.fused_batch_norm raises epsilon to 1.001e-5
+            eps = max(eps, 1.001e-5)
+            if self.training:
+                out = _fbn(x, gamma, beta, self.moving_mean, self.moving_variance,
+                           epsilon=eps, exponential_avg_factor=1.0 - momentum,
+                           data_format="NHWC", is_training=True)
+                if x.shape[0] > 0:
+                    with torch.no_grad():
+                        self.moving_mean.copy_(out[1])
+                        self.moving_variance.copy_(out[2])
+                return out[0]
+            return _fbn(x, gamma, beta, self.moving_mean, self.moving_variance, epsilon=eps,
+                        data_format="NHWC", is_training=False)[0]
+        # rank 2: Keras' unfused path (tf.nn.moments, tf.nn.batch_normalization)
+        if self.training:
+            mean = x.mean(0)
+            var = (x - mean.detach()).square().mean(0)
+            with torch.no_grad():
+                decay = torch.tensor(1.0 - momentum, dtype=torch.float32)
+                self.moving_mean.sub_((self.moving_mean - mean) * decay)
+                self.moving_variance.sub_((self.moving_variance - var) * decay)
+        else:
+            mean, var = self.moving_mean, self.moving_variance
+        inv = torch.rsqrt(var + eps) * gamma
+        return x * inv + (beta - mean * inv)
+
+
+def _conv2d(x: torch.Tensor, k: torch.Tensor, s: tuple[int, int], d: tuple[int, int],
+            padding: str) -> torch.Tensor:
+    """Keras' Conv2D on NHWC with an HWIO kernel, TF's SAME padding (more at the end)."""
+    xc = x.permute(0, 3, 1, 2)
+    if padding == "same":
+        (t, b) = _same_pads(x.shape[1], k.shape[0], s[0], d[0])
+        (lf, r) = _same_pads(x.shape[2], k.shape[1], s[1], d[1])
+        if t or b or lf or r:
+            xc = F.pad(xc, (lf, r, t, b))
+    y = F.conv2d(xc, k.permute(3, 2, 0, 1), stride=s, dilation=d)
+    return y.permute(0, 2, 3, 1)
+
+
+def _relu_layer(x: torch.Tensor, cfg: Any) -> torch.Tensor:
+    mx = cfg.get("max_value")
+    if float(cfg.get("negative_slope", 0.0) or 0.0) != 0.0 or float(
+            cfg.get("threshold", 0.0) or 0.0) != 0.0:
+        raise KerasFileError("ReLU with negative_slope or threshold is not supported")
+    if mx is None:
+        return torch.relu(x)
+    if float(mx) == 6.0:
+        return F.relu6(x)
+    return torch.clamp(torch.relu(x), max=float(mx))
+
+
+def _pool(x: torch.Tensor, cfg: Any, is_max: bool) -> torch.Tensor:
+    k = _pair(cfg.get("pool_size", 2))
+    s = _pair(cfg.get("strides") or k)
+    xc = x.permute(0, 3, 1, 2)
+    if str(cfg.get("padding", "valid")).lower() == "same":
+        t, b = _same_pads(x.shape[1], k[0], s[0], 1)
+        lf, r = _same_pads(x.shape[2], k[1], s[1], 1)
+        if is_max:
+            xc = F.pad(xc, (lf, r, t, b), value=float("-inf"))
+        else:
+            ones = F.pad(torch.ones_like(xc[:1, :1]), (lf, r, t, b))
+            total = F.avg_pool2d(F.pad(xc, (lf, r, t, b)), k, s, divisor_override=1)
+            count = F.avg_pool2d(ones, k, s, divisor_override=1)
+            return (total / count).permute(0, 2, 3, 1)
+    y = F.max_pool2d(xc, k, s) if is_max else F.avg_pool2d(xc, k, s)
+    return y.permute(0, 2, 3, 1)
+
+
+class KerasModel(nn.Module):
+    """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan."""
+
+    def __init__(self, plan: Plan):
+        super().__init__()
+        self.plan = plan
+        self.layers = nn.ModuleDict()
+        for node in plan.nodes:
+            if node.kind != "InputLayer":
+                self.layers[_key(node.name)] = Layer(node)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if len(inputs) != len(self.plan.inputs):
+            raise TypeError(f"the model takes {len(self.plan.inputs)} input(s) "
+                            f"({', '.join(self.plan.inputs)}); got {len(inputs)}")
+        values: dict[str, torch.Tensor] = {}
+        for name, x in zip(self.plan.inputs, inputs):
+            shape = self.plan.node(name).output_shape
+            if x.dim() != len(shape) or any(
+                    want is not None and got != want for got, want in zip(x.shape, shape)):
+                raise ValueError(f"input {name!r}: expected shape {list(shape)} (None: any "
+                                 f"size; NHWC), got {list(x.shape)}")
+            values[name] = x
+        for node in self.plan.nodes:
+            if node.kind == "InputLayer":
+                continue
+            values[node.name] = self.layers[_key(node.name)](*[values[i] for i in node.inputs])
+        outs = [values[o] for o in self.plan.outputs]
+        return outs[0] if len(outs) == 1 else outs
+
+    def keras_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
+        """Every weight as tf_keras names it, by layer, in the file's order."""
+        out: dict[str, list[tuple[str, np.ndarray]]] = {}
+        for node in self.plan.nodes:
+            if node.kind == "InputLayer":
+                out[node.name] = []
+                continue
+            out[node.name] = [(w.name, _tensor_of(self.layers[_key(node.name)], w)
+                               .detach().cpu().numpy().copy()) for w in node.weights]
+        return out
+
+
+def _tensor_of(layer: Layer, w: _qat.Weight) -> torch.Tensor:
+    node = layer.node
+    if w.attr == "optimizer_step" or not node.wrapped or not w.attr.endswith(("_min", "_max")):
+        return getattr(layer, w.attr)
+    base, end = w.attr[:-4], w.attr[-3:]
+    if node.kind == "QuantizeLayer" or base == "output":
+        q = layer.output
+    elif base in ("pre_activation", "post_activation"):
+        q = getattr(layer, base)
+    else:
+        q = layer.weight_quantizers[base]
+    return getattr(q, end)
+
+
+def load_keras(path: str | os.PathLike[str], quantize: bool | None = None) -> KerasModel:
+    """Build a torch module from a tf_keras ``.h5`` model file.
+
+    ``quantize=None`` loads the model as saved: a tfmot QAT model (QuantizeWrapperV2,
+    QuantizeLayer and their ranges) as QAT, a float model as float; ``quantize=True``
+    quantizes a float model as tfmot's ``quantize_model`` would (its ranges start at tfmot's
+    initial values). The file is only read.
+    """
+    plan, f = _qat.load_plan(path, quantize)
+    model = KerasModel(plan)
+    load_weights(model, f.weights, path=os.fspath(path), partial=quantize is True)
+    return model
+
+
+def load_weights(model: KerasModel, weights: dict[str, list[tuple[str, np.ndarray]]],
+                 path: str = "<weights>", partial: bool = False) -> None:
+    """Copy tf_keras weights (by layer and weight name) into the module. ``partial``: the
+    plan's range variables and steps may be missing (a float file quantized here)."""
+    by_name = {w: v for layer in weights.values() for w, v in layer}
+    for node in model.plan.nodes:
+        if node.kind == "InputLayer":
+            continue
+        layer = model.layers[_key(node.name)]
+        for w in node.weights:
+            value = by_name.get(w.name)
+            if value is None:
+                if partial and (w.attr == "optimizer_step" or w.attr.endswith(("_min", "_max"))):
+                    continue  # a float file quantized here: tfmot's initial ranges
+                raise KerasFileError(f"{path}: weight {w.name!r} of layer {node.name!r} "
+                                     "is missing from the file")
+            if tuple(value.shape) != tuple(w.shape):
+                raise KerasFileError(f"{path}: weight {w.name!r} has shape {list(value.shape)}"
+                                     f" in the file; the model needs {list(w.shape)}")
+            t = _tensor_of(layer, w)
+            with torch.no_grad():
+                t.copy_(torch.from_numpy(np.array(value)).to(t.dtype))
+
+
+def save_keras(module: KerasModel, path: str | os.PathLike[str]) -> None:
+    """Write the module as a tf_keras ``.h5`` file (tfmot's config, layer and weight names
+    and order), loadable by ``tf_keras.models.load_model`` inside tfmot's
+    ``quantize_scope()``. Written atomically; never over the file the module came from
+    unless asked to by that path."""
+    if not isinstance(module, KerasModel):
+        raise TypeError(f"save_keras takes a module from tfgrad.torch.qat.load_keras, not "
+                        f"{type(module).__name__}")
+    weights = module.keras_weights()
+    for node in module.plan.nodes:
+        for (name, value), w in zip(weights[node.name], node.weights):
+            if tuple(value.shape) != tuple(w.shape):
+                raise KerasFileError(f"weight {name!r} now has shape {list(value.shape)}; "
+                                     f"the Keras model needs {list(w.shape)}")
+    _qat.write_keras_h5(path, dict(module.plan.config), weights,
+                        [n.name for n in module.plan.nodes])
+
+
+__all__: Sequence[str] = ["KerasModel", "Layer", "RangeQuantizer", "load_keras",
+                          "load_weights", "save_keras"]
