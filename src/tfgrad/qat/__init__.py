@@ -7,6 +7,7 @@ their weights and tfmot's quantizers. See docs/qat.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -32,15 +33,22 @@ def plan_from_config(config: dict[str, Any], quantize: bool | None = None) -> Pl
     """The plan of a Keras model config. ``quantize=None``: the model as it is (a tfmot QAT
     model with its quantizers, a float model as float); ``quantize=True``: a float model
     quantized as tfmot's ``quantize_model`` would; ``quantize=False``: refuse a QAT model."""
-    plan = build_plan(config)
-    if quantize is True and not plan.quantized:
-        from ._rewrite import quantize_config
+    body = config.get("config", {}) if isinstance(config, dict) else {}
+    layers = body.get("layers", []) if isinstance(body, dict) else body
+    quantized = any(isinstance(x, dict) and x.get("class_name") in _QAT_CLASSES
+                    for x in layers or [])
+    if quantize is True and not quantized:
+        from ._rewrite import quantize_config_and_sources
 
-        plan = build_plan(quantize_config(config))
-    elif quantize is False and plan.quantized:
+        qat, sources = quantize_config_and_sources(config)
+        return dataclasses.replace(build_plan(qat), sources=sources)
+    if quantize is False and quantized:
         raise KerasFileError("quantize=False, but the model is already quantized (tfmot's "
                              "QuantizeWrapperV2 layers); load it with quantize=None")
-    return plan
+    return build_plan(config)
+
+
+_QAT_CLASSES = ("QuantizeWrapperV2", "QuantizeWrapper", "QuantizeLayer")
 
 
 def load_plan(path: str | os.PathLike[str], quantize: bool | None = None

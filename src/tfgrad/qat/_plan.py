@@ -106,6 +106,8 @@ class Plan:
     outputs: tuple[str, ...]
     quantized: bool
     config: Mapping[str, Any]  # the Keras config the plan describes (QAT when quantized)
+    # weight name -> its name in the float file, for the layers the QAT rewrite creates
+    sources: Mapping[str, str] = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -344,6 +346,10 @@ def _layers(config: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[str],
                     if isinstance(entry, Mapping):  # the newer dict form
                         entry = entry.get("args", [entry])[0]
                     name = entry[0]
+                    if len(entry) > 3 and entry[3]:
+                        raise UnsupportedLayerError(
+                            f"layer {layer['name']!r} is called with arguments {entry[3]}; "
+                            "tfgrad's QAT models take none (tfmot's rewrite drops them)")
                     if entry[1] != 0 or entry[2] != 0:
                         raise UnsupportedLayerError(f"layer {layer['name']!r} takes output "
                                                     f"{entry[1:3]} of {name!r}")
@@ -443,11 +449,21 @@ def _wrapped_node(name: str, layer: Mapping[str, Any], qc: Mapping[str, Any],
             if shape is None:
                 raise UnsupportedLayerError(f"{where}: quantizes weight {attr!r}, which a "
                                             f"{kind} does not have")
+            # QuantizeWrapper.build adds each quantized weight to its own trainable
+            # weights: a frozen layer's kernel still trains (tfmot's quirk)
+            own = [Weight(w.name, w.attr, w.shape, True, w.dtype) if w.attr == attr else w
+                   for w in own]
             q = _quantizer(spec, name, attr, (shape[-1],), where)
             wq[attr] = q
             extra += [Weight(q.min_name, f"{attr}_min", q.shape, False),
                       Weight(q.max_name, f"{attr}_max", q.shape, False)]
         if qcfg.get("activation_attrs"):
+            if act not in PRE_QUANT | POST_QUANT | {"noop"}:
+                # QuantizeAwareActivation refuses it when tfmot builds the model
+                raise UnsupportedLayerError(
+                    f"{where}: activation {act!r} inside a quantized layer; tfmot's "
+                    "QuantizeAwareActivation supports only some Keras activations (use a "
+                    "separate ReLU(6.) layer for relu6)")
             if act in PRE_QUANT:
                 pre = _quantizer(_MOVING, name, "pre_activation", (), where)
                 extra += [Weight(pre.min_name, "pre_activation_min", (), False),

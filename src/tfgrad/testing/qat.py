@@ -19,17 +19,24 @@ import numpy as np
 from ..qat import Plan
 
 
-def keras() -> Any:
-    """tf_keras with TF's Eigen kernels (the oracle); raises ImportError when missing."""
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+def keras(onednn: bool = False) -> Any:
+    """tf_keras on TF's Eigen kernels (the oracle; ``onednn=True``: TF's default build).
+    Raises ImportError when missing, RuntimeError when TF was already imported with the
+    other choice (TF_ENABLE_ONEDNN_OPTS is read once, at TF's import)."""
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1" if onednn else "0")
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tf_keras
+    from tensorflow.python.util import _pywrap_util_port
 
+    if bool(_pywrap_util_port.IsMklEnabled()) != onednn:
+        raise RuntimeError(
+            f"TensorFlow was imported with its {'Eigen' if onednn else 'oneDNN'} kernels; "
+            f"set TF_ENABLE_ONEDNN_OPTS={int(onednn)} before anything imports it")
     return tf_keras
 
 
-def tfmot() -> Any:
-    keras()
+def tfmot(onednn: bool = False) -> Any:
+    keras(onednn)
     import tensorflow_model_optimization
 
     return tensorflow_model_optimization
@@ -95,10 +102,35 @@ def _mlp(k: Any) -> Any:
     ], name="mlp")
 
 
+def _separable(k: Any) -> Any:
+    """SeparableConv2D (split by tfmot into a depthwise and a 1x1 conv), with and without
+    batch norm, and a Concatenate fed by an input."""
+    L = k.layers
+    i = k.Input((9, 9, 4))
+    x = L.SeparableConv2D(8, 3, padding="same", use_bias=False)(i)
+    x = L.BatchNormalization()(x)
+    x = L.ReLU()(x)
+    x = L.Concatenate()([i, x])
+    x = L.SeparableConv2D(4, 3, strides=2, depth_multiplier=2, activation="relu")(x)
+    x = L.ZeroPadding2D(((1, 1), (1, 1)))(x)
+    x = L.AveragePooling2D(2, strides=2)(x)
+    x = L.Flatten()(x)
+    x = L.Dense(7)(x)
+    return k.Model(i, x, name="separable")
+
+
+def _mobilenet_v2(k: Any) -> Any:
+    """tf_keras.applications' MobileNetV2, small: alpha 0.35, 32x32 inputs, 10 classes."""
+    return k.applications.MobileNetV2(alpha=0.35, input_shape=(32, 32, 3), weights=None,
+                                      classes=10)
+
+
 MODELS: dict[str, Callable[[Any], Any]] = {
     "depthwise_chain": _depthwise_chain,
     "cnn": _cnn,
     "mlp": _mlp,
+    "separable": _separable,
+    "mobilenet_v2": _mobilenet_v2,
 }
 
 
@@ -126,9 +158,9 @@ def tfmot_qat(name: str, folder: str, seed: int = 0) -> tuple[str, str]:
     return fpath, qpath
 
 
-def load_tf(path: str) -> Any:
-    with tfmot().quantization.keras.quantize_scope():
-        return keras().models.load_model(path, compile=False)
+def load_tf(path: str, onednn: bool = False) -> Any:
+    with tfmot(onednn).quantization.keras.quantize_scope():
+        return keras(onednn).models.load_model(path, compile=False)
 
 
 def layer_weights(model: Any) -> dict[str, list[np.ndarray]]:

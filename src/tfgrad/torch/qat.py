@@ -401,7 +401,7 @@ def load_weights(model: KerasModel, weights: dict[str, list[tuple[str, np.ndarra
             continue
         layer = model.layers[_key(node.name)]
         for w in node.weights:
-            value = by_name.get(w.name)
+            value = by_name.get(w.name, by_name.get(model.plan.sources.get(w.name, "")))
             if value is None:
                 if partial and (w.attr == "optimizer_step" or w.attr.endswith(("_min", "_max"))):
                     continue  # a float file quantized here: tfmot's initial ranges
