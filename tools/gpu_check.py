@@ -7,7 +7,8 @@
    (``tfgrad.torch._portable.<family>.BOUNDS``); the largest distance seen per op, output
    and dtype.
 2. ``torch.compile(fullgraph=True)`` of a chain of tfgrad ops on the device: the same bits
-   as eager on the device.
+   as eager on the device; a small QAT model trained under ``torch.autocast`` (CUDA
+   float16): the autocast rules' dtypes, float32 batch-norm state, a falling loss.
 3. Timings against torch's nearest native ops (``fake_quantize_per_channel_affine``,
    ``batch_norm``, ``conv2d`` with groups, ``FractionalMaxPool2d``), forward and
    forward+backward, and one training step of examples/torch_qat_mobilenet.py's model.
@@ -136,6 +137,47 @@ def check_compile(device: str, report: list[str]) -> bool:
     return same
 
 
+def check_autocast(device: str, report: list[str]) -> bool:
+    """A small QAT model trains under torch.autocast on the device (CUDA: float16; the CPU:
+    bfloat16): depthwise conv in autocast's dtype, batch norm's statistics and the fake
+    quant ranges in float32, fake quant's output float32; a few SGD steps lower the loss."""
+    dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 1), tt.DepthwiseConv2d(8, 3), tt.FusedBatchNorm2d(8),
+        tt.FakeQuantPerChannel(8), tt.FractionalMaxPool2d(1.5, seed=(1, 2)),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 10 * 10, 2)).to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, 16, 16, generator=g).to(device)
+    y = (x.mean((1, 2, 3)) > 0).long()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, problems = [], []
+    for _ in range(10):
+        with torch.autocast(device.split(":")[0], dtype=dtype):
+            h = model[1](model[0](x))
+            b = model[2](h)
+            q = model[3](b)
+            loss = torch.nn.functional.cross_entropy(model[4:](q), y)
+        if (h.dtype, b.dtype, q.dtype) != (dtype, dtype, torch.float32):
+            problems.append(f"dtypes depthwise/batch norm/fake quant: {h.dtype}, {b.dtype}, "
+                            f"{q.dtype}")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if not all(np.isfinite(losses)) or not losses[-1] < losses[0]:
+        problems.append(f"loss did not fall: {losses[0]:.4f} -> {losses[-1]:.4f}")
+    kept = {n: t.dtype for n, t in model[2].state_dict().items()}
+    if set(kept.values()) != {torch.float32}:
+        problems.append(f"batch norm state not float32: {kept}")
+    report.append(f"## torch.autocast({device!r}, {dtype}) training\n")
+    report.append(f"10 SGD steps of a small QAT model: loss {losses[0]:.4f} -> "
+                  f"{losses[-1]:.4f}; "
+                  + ("; ".join(problems) if problems else "dtypes as the autocast rules say")
+                  + ".\n")
+    return not problems
+
+
 def _time(fn, device: str, reps: int) -> float:
     """Median milliseconds of fn() over reps runs (after warm-up)."""
     for _ in range(3):
@@ -237,6 +279,7 @@ def main() -> int:
     ok = True
     steps = [("cases", lambda: check_cases(args.device, report)),
              ("compile", lambda: check_compile(args.device, report)),
+             ("autocast", lambda: check_autocast(args.device, report)),
              ("timings", lambda: timings(args.device, report, args.quick) or True)]
     if not args.skip_jax:
         def jax_part() -> bool:

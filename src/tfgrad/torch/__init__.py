@@ -24,8 +24,10 @@ second backward through them raises ``RuntimeError``.
 
 Functions (:data:`FUNCTIONS`, one per op, forward and gradient) take TF's wrapper
 signatures: ``tfgrad.torch.depthwise_conv2d_native(input, filter, strides, padding, ...)``.
-A dtype an op does not take is a ``TypeError`` (nothing is cast silently); bad arguments
-raise ``tfgrad.InvalidArgumentError``, at trace time under ``torch.compile``.
+A dtype an op does not take is a ``TypeError`` (nothing is cast silently, except by the
+operators' autocast rules under ``torch.autocast``); bad arguments raise
+``tfgrad.InvalidArgumentError``, at trace time under ``torch.compile`` (where torch wraps
+it in its ``TorchRuntimeError``: docs/adapters.md).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from ._composite import _bn_grad_composite  # noqa: F401 (temporary, for tests)
 from ._functions import FUNCTIONS
 from ._layers import (
     DepthwiseConv2d,
+    FakeQuantFixedRange,
     FakeQuantPerChannel,
+    FakeQuantPerTensor,
     FractionalAvgPool2d,
     FractionalMaxPool2d,
     FusedBatchNorm2d,
@@ -52,7 +56,9 @@ __all__ = [
     "FUNCTIONS",
     "OPERATORS",
     "DepthwiseConv2d",
+    "FakeQuantFixedRange",
     "FakeQuantPerChannel",
+    "FakeQuantPerTensor",
     "FractionalAvgPool2d",
     "FractionalMaxPool2d",
     "FusedBatchNorm2d",

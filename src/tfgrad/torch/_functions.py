@@ -11,12 +11,14 @@ in TF), so a compiled graph draws new regions each step without recompiling.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import _api, raw_ops
+from .. import _api, _validate, raw_ops
+from .._errors import InvalidArgumentError
 from .._opdefs import OPS, OpDef
 from ._ops import OPERATORS, takes_seeds
 
@@ -25,6 +27,56 @@ def _as_ints(v: Any) -> list[int]:
     if isinstance(v, torch.Tensor):
         return [int(x) for x in v.reshape(-1).tolist()]
     return [int(x) for x in v]
+
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _seed_tensor(op: OpDef, name: str, v: Any) -> torch.Tensor:
+    """A seed given as a tensor: one integer (a float one is refused, as JAX refuses it,
+    rather than truncated: seed=tensor(1.9) is not seed 1)."""
+    t = torch.as_tensor(v)
+    if t.dtype not in _INT_DTYPES or t.numel() != 1:
+        raise TypeError(f"tfgrad.torch.{op.snake_name}(): '{name}' must be an int or an "
+                        f"integer tensor of one value, got a {t.dtype} tensor of shape "
+                        f"{list(t.shape)}")
+    return t.reshape(()).to(torch.int64)
+
+
+def _signature(op: OpDef) -> inspect.Signature:
+    """tfgrad's functional signature, annotated with what the torch function takes and
+    returns (tensors, not NumPy arrays)."""
+    sig = _api._signature(op, "snake")
+    params = []
+    for p in sig.parameters.values():
+        if p.annotation == "ArrayLike":
+            inp = next(i for i in op.inputs if i.name == p.name)
+            p = p.replace(annotation="Sequence[int] | torch.Tensor" if inp.is_shape
+                          else "torch.Tensor")
+        elif takes_seeds(op) and p.name in ("seed", "seed2"):
+            p = p.replace(annotation="int | torch.Tensor")
+        params.append(p)
+    # (a multi-output op returns raw_ops.<Op>.Output, a namedtuple, here of tensors)
+    ret = "torch.Tensor" if len(op.outputs) == 1 else f"tfgrad.raw_ops.{op.name}.Output"
+    return sig.replace(parameters=params, return_annotation=ret)
+
+
+def _clear_type_error(op: OpDef, sig: inspect.Signature, args: tuple,
+                      kwargs: dict[str, Any]) -> Exception | None:
+    """When torch's argument parser refuses an attr ("Expected a value of type 'int' ...
+    but instead found type 'int'" for an int out of int64's range), tfgrad's own check of
+    the attr says what is wrong (TypeError or InvalidArgumentError, as tfgrad.<op_name>)."""
+    try:
+        bound = sig.bind(*args, **kwargs).arguments
+    except TypeError as e:
+        return e
+    for a in op.attrs:
+        if a.name in bound and not isinstance(bound[a.name], torch.Tensor):
+            try:
+                _validate.check_attr(op, a, bound[a.name])
+            except (TypeError, InvalidArgumentError) as e:
+                return e
+    return None
 
 
 _AUTODIFF = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
@@ -46,7 +98,7 @@ def _refuse_func_autodiff(op: OpDef) -> None:
 
 def make_function(op: OpDef) -> Callable[..., Any]:
     operator = OPERATORS[op.name]
-    sig = _api._signature(op, "snake")
+    sig = _signature(op)
     output = getattr(raw_ops, op.name).Output if len(op.outputs) > 1 else None
     shape_inputs = [i.name for i in op.inputs if i.is_shape]
     seeds = takes_seeds(op)
@@ -61,6 +113,9 @@ def make_function(op: OpDef) -> Callable[..., Any]:
         except RuntimeError as e:  # the dispatcher's argument parsing: a wrong type
             if not str(e).startswith(prefix):
                 raise
+            clear = _clear_type_error(op, sig, args, kwargs)
+            if clear is not None:
+                raise clear from None
             raise TypeError(f"tfgrad.torch.{str(e)[len('tfgrad::'):]}") from None
         return output(*out) if output is not None else out
 
@@ -78,8 +133,8 @@ def make_function(op: OpDef) -> Callable[..., Any]:
             for n in shape_inputs:
                 bound[n] = _as_ints(bound[n])
             if seeds and any(isinstance(bound.get(k), torch.Tensor) for k in ("seed", "seed2")):
-                pair = [torch.as_tensor(bound.pop(k, 0)).reshape(()) for k in ("seed", "seed2")]
-                bound["seeds"] = torch.stack([p.to(torch.int64) for p in pair])
+                pair = [_seed_tensor(op, k, bound.pop(k, 0)) for k in ("seed", "seed2")]
+                bound["seeds"] = torch.stack(pair)
                 bound["deterministic"] = True
             return operator(**bound)
         return operator(*args, **kwargs)

@@ -12,7 +12,9 @@ saved tensors). Per operator:
 - kernels: CPU tensors run the exact Numba kernels (zero-copy, TF 2.21's bits); every other
   device, and the CPU under ``use_impl("portable")``, the portable implementation in torch
   ops (:mod:`tfgrad.torch._portable`), after the same argument checks;
-- a fake (meta) implementation: output shapes and dtypes, and trace-time argument errors;
+- a fake (meta) implementation: output shapes and dtypes (sizes taken straight from an
+  input, such as the batch, stay symbolic), and trace-time argument errors;
+- autocast (CPU and CUDA): each float input cast by its rule (:func:`autocast_rules`);
 - autograd: the backward calls the gradient operator(s) TF's gradient function calls, so
   higher derivatives follow the table; gradient ops that TF differentiates through a
   composite are differentiated through their portable implementation; ops TF gives no
@@ -298,6 +300,28 @@ def _hint(v: Any) -> int:
     return int(v)
 
 
+def _computed_size(op: OpDef, output: str, shape: tuple[int, ...],
+                   tensors: dict[str, torch.Tensor], a: dict[str, Any]) -> list[Any]:
+    """An output shape TF computes from the input sizes (depthwise convolution's and the
+    fractional pools' forwards). The sizes it takes straight from an input (the batch, the
+    channels) stay symbolic, so a graph serves every batch size; the spatial sizes, which
+    TF derives from the image size and the attrs (the pooling ratio: floats), specialise
+    the graph on the image size, and the checks ran on the inputs' example sizes."""
+    size: list[Any] = list(shape)
+    if op.name == "DepthwiseConv2dNative":
+        x, f = tensors["input"].shape, tensors["filter"].shape
+        n, h, w, c = (0, 2, 3, 1) if a["data_format"] == "NCHW" else (0, 1, 2, 3)
+        for s in (x[h], x[w], f[0], f[1]):
+            int(s)  # (a guard: the output's height and width depend on these)
+        size[n], size[c] = x[n], x[c] * f[3]  # (out_depth = in_depth * multiplier)
+        return size
+    x = tensors["value"].shape  # fractional pooling: NHWC
+    int(x[1]), int(x[2])  # (guards: the rows, columns and sequences depend on H and W)
+    if output == "output":
+        size[0], size[3] = x[0], x[3]
+    return size
+
+
 def _fake(op: OpDef) -> Callable[..., Any]:
     bind = _Binder(op)
 
@@ -326,10 +350,7 @@ def _fake(op: OpDef) -> Callable[..., Any]:
             elif rule in ("()", "(0,)"):
                 size = shape
             else:
-                # Computed from the input sizes: the graph specialises on them.
-                for t in tensors.values():
-                    [int(s) for s in t.shape]
-                size = shape
+                size = _computed_size(op, o.name, shape, tensors, a)
             outs.append(torch.empty(size, dtype=_TORCH_DTYPES[dt], device=device))
         return tuple(outs) if len(outs) > 1 else outs[0]
 
@@ -464,6 +485,84 @@ def _vmap(op: OpDef) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------------------
+# Autocast, from the op table
+# --------------------------------------------------------------------------------------
+_HALF = (torch.float16, torch.bfloat16)
+_LOWER_PRECISION_FAMILIES = ("depthwise_conv",)
+"""Families that run in autocast's dtype, as torch's own convolutions do."""
+
+
+def autocast_rules(op: OpDef) -> dict[str, str]:
+    """How autocast casts each tensor input of ``op`` (torch's categories):
+
+    - ``"float32"``: an input whose op takes no half dtype (fake quantization; pooling;
+      batch norm's float32 scale, offset and statistics): float16/bfloat16 tensors are
+      cast to float32, as torch's float32 ops do;
+    - ``"lower"``: depthwise convolution: float32 tensors run in autocast's dtype, as
+      torch's conv2d;
+    - ``"promote"``: batch norm's x and y_backprop: left as they are (a half x with float32
+      statistics, as TF's FusedBatchNormV2/V3), or both at the wider of their dtypes.
+    Integer inputs and float64 tensors are never cast.
+    """
+    rules = {}
+    for i in op.inputs:
+        if i.is_shape:
+            continue
+        allowed = _ALLOWED[op.name, i.name]
+        if not any(a in ("float16", "bfloat16", "float32") for a in allowed):
+            continue  # (integer inputs: pooling sequences)
+        if not any(a in ("float16", "bfloat16") for a in allowed):
+            rules[i.name] = "float32"
+        elif op.family in _LOWER_PRECISION_FAMILIES:
+            rules[i.name] = "lower"
+        else:
+            rules[i.name] = "promote"
+    return rules
+
+
+def _autocast_kernel(op: OpDef, device_type: str) -> Callable[..., Any]:
+    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(
+        device_type))
+    rules = autocast_rules(op)
+    index = {i.name: k for k, i in enumerate(op.inputs)}
+    promote = [index[n] for n, r in rules.items() if r == "promote"]
+
+    def eligible(t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.device.type == device_type and t.dtype != torch.float64)
+
+    def kernel(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        a = list(args)
+        lower = torch.get_autocast_dtype(device_type)
+        wide = [a[k].dtype for k in promote if k < len(a) and eligible(a[k])]
+        widest = torch.float32 if torch.float32 in wide else None
+        for name, rule in rules.items():
+            k = index[name]
+            if k >= len(a) or not eligible(a[k]):
+                continue
+            if rule == "float32" and a[k].dtype in _HALF:
+                a[k] = a[k].float()
+            elif rule == "lower" and a[k].dtype == torch.float32:
+                a[k] = a[k].to(lower)
+            elif rule == "promote" and widest is not None:
+                a[k] = a[k].to(widest)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return OPERATORS[op.name](*a, **kwargs)
+
+    return kernel
+
+
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def _register_autocast(op: OpDef) -> None:
+    for device_type in ("cpu", "cuda"):
+        if torch._C._is_autocast_available(device_type):
+            key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+            _LIB.impl(op.snake_name, _autocast_kernel(op, device_type), key, with_keyset=True)
+
+
+# --------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------
 def _register(op: OpDef) -> Any:
@@ -482,6 +581,7 @@ OPERATORS: dict[str, Any] = {}
 
 for _op in OPS.values():
     OPERATORS[_op.name] = _register(_op)
+    _register_autocast(_op)
 del _op
 
-__all__ = ["OPERATORS", "current_impl", "schema", "use_impl"]
+__all__ = ["OPERATORS", "autocast_rules", "current_impl", "schema", "use_impl"]
