@@ -11,7 +11,7 @@ import dataclasses
 import os
 from typing import Any
 
-from ._files import KerasFile, KerasFileError, read_keras, write_keras_h5
+from ._files import KerasFile, KerasFileError, name_keras_vars, read_keras, write_keras_h5
 from ._plan import (
     SUPPORTED,
     Node,
@@ -55,4 +55,7 @@ def load_plan(path: str | os.PathLike[str], quantize: bool | None = None
               ) -> tuple[Plan, KerasFile]:
     """Read a tf_keras model file and build its plan; the weights come with it."""
     f = read_keras(path)
-    return plan_from_config(f.config, quantize), f
+    plan = plan_from_config(f.config, quantize)
+    if f.layer_vars is not None:  # a .keras archive: its weights are named by position
+        f.weights = name_keras_vars(plan, f)
+    return plan, f

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,9 @@ class KerasFile:
     keras_version: str
     # layer name -> [(weight name, value)] in the file's order
     weights: dict[str, list[tuple[str, np.ndarray]]] = field(default_factory=dict)
+    # a .keras archive's weights as it stores them: "layers/conv2d/vars" -> [values]
+    # (named by the layers' classes; :func:`name_keras_vars` names them with the plan)
+    layer_vars: dict[str, list[np.ndarray]] | None = None
 
 
 _KERAS3_HINT = (
@@ -112,16 +116,41 @@ def _read_zip(p: str) -> KerasFile:
         with zipfile.ZipFile(p) as z:
             names = set(z.namelist())
             meta = json.loads(z.read("metadata.json")) if "metadata.json" in names else {}
-    except (zipfile.BadZipFile, OSError, json.JSONDecodeError) as e:
-        raise KerasFileError(f"{p!r}: not a readable .keras archive ({e})") from None
-    version = str(meta.get("keras_version", ""))
-    if version.startswith("3"):
-        raise KerasFileError(f"{p!r} was written by Keras {version}. {_KERAS3_HINT}")
-    if "config.json" not in names:
-        raise KerasFileError(f"{p!r} is a zip file but not a Keras model (no config.json)")
-    raise KerasFileError(
-        f"{p!r} is a tf_keras .keras archive; tfgrad reads the .h5 format for now: load it "
-        "in tf_keras inside tfmot's quantize_scope() and save it with model.save('model.h5')")
+            version = str(meta.get("keras_version", ""))
+            if version.startswith("3"):
+                raise KerasFileError(f"{p!r} was written by Keras {version}. {_KERAS3_HINT}")
+            if "config.json" not in names:
+                raise KerasFileError(f"{p!r} is a zip file but not a Keras model (no "
+                                     "config.json)")
+            config = json.loads(z.read("config.json"))
+            if "model.weights.h5" not in names:
+                raise KerasFileError(f"{p!r} has a config but no weights (model.weights.h5)")
+            blob = z.read("model.weights.h5")
+    except (zipfile.BadZipFile, OSError, json.JSONDecodeError, EOFError) as e:
+        raise KerasFileError(f"{p!r}: not a readable .keras archive ({e}); is it "
+                             "truncated?") from None
+    import io
+
+    h5py = _h5py()
+    layer_vars: dict[str, list[np.ndarray]] = {}
+    try:
+        with h5py.File(io.BytesIO(blob), "r") as f:
+            def visit(name: str, obj: Any) -> None:
+                if name.endswith("/vars") or name == "vars":
+                    layer_vars[name] = [np.array(obj[str(i)]) for i in range(len(obj))]
+
+            f.visititems(visit)
+    except (OSError, KeyError) as e:
+        raise KerasFileError(f"{p!r}: its model.weights.h5 cannot be read ({e})") from None
+    return KerasFile(p, config, version, {}, layer_vars)
+
+
+def to_snake_case(name: str) -> str:
+    """tf_keras' generic_utils.to_snake_case: how a .keras archive names a layer's
+    weights (by its class, counted in the model's layer order)."""
+    intermediate = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    insecure = re.sub("([a-z])([A-Z])", r"\1_\2", intermediate).lower()
+    return insecure if insecure[0] != "_" else "private" + insecure
 
 
 def write_keras_h5(path: str | os.PathLike[str], config: Mapping[str, Any],
@@ -154,3 +183,57 @@ def write_keras_h5(path: str | os.PathLike[str], config: Mapping[str, Any],
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def name_keras_vars(plan: Any, f: KerasFile) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """Name a .keras archive's weights with the plan, as tf_keras saved them: each layer
+    of the model (config order; a Sequential's InputLayer is not one) under
+    ``layers/<snake_case(class)>[_n]/vars``, its own trainable then non-trainable
+    weights. A tfmot wrapper's own list is the wrapped layer's trainable weights, its
+    quantized weights again (QuantizeWrapper.build appends them), then optimizer_step and
+    the ranges; the wrapped layer's ``layer/vars`` keep what its quantized weights left
+    (set_quantize_weights replaces the attribute, which untracks the variable)."""
+    assert f.layer_vars is not None
+    sequential = plan.config.get("class_name") == "Sequential"
+    counts: dict[str, int] = {}
+    out: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for i, node in enumerate(plan.nodes):
+        if sequential and i == 0 and node.kind == "InputLayer":
+            out[node.name] = []
+            continue
+        cls = ("QuantizeWrapperV2" if node.wrapped and node.kind != "QuantizeLayer"
+               else node.kind)
+        snake = to_snake_case(cls)
+        n = counts.get(snake)
+        counts[snake] = 0 if n is None else n + 1
+        path = f"layers/{snake}" if n is None else f"layers/{snake}_{n + 1}"
+        own = f.layer_vars.get(f"{path}/vars", [])
+        if not (node.wrapped and node.kind != "QuantizeLayer"):
+            layouts = [list(node.weights)]
+            values = own
+        else:
+            quantized = set(node.weight_quantizers)
+            inner = [w for w in node.weights if w.name.startswith(f"{node.inner}/")]
+            extra = [w for w in node.weights if not w.name.startswith(f"{node.inner}/")]
+            trainable = [w for w in inner if w.trainable]
+            again = [w for w in inner if w.attr in quantized]
+            kept = [w for w in inner if w.attr not in quantized]
+            kept = [w for w in kept if w.trainable] + [w for w in kept if not w.trainable]
+            # The wrapper's own list depends on the model's history (tfmot #1123): the
+            # wrapped layer's trainable weights then the quantized ones again (a model
+            # fresh from quantize_model), or the quantized ones alone (one loaded back)
+            layouts = [p + extra + kept for p in (trainable + again, again, trainable)]
+            values = own + f.layer_vars.get(f"{path}/layer/vars", [])
+        expected = next((e for e in layouts if len(e) == len(values) and all(
+            tuple(w.shape) == tuple(v.shape) for w, v in zip(e, values))), None)
+        if expected is None:
+            want = layouts[0]
+            raise KerasFileError(
+                f"{f.path!r}: layer {node.name!r} ({path}) holds {len(values)} weights of "
+                f"shapes {[list(v.shape) for v in values]}; the model needs "
+                f"{', '.join(f'{w.name} {list(w.shape)}' for w in want)}")
+        named: dict[str, np.ndarray] = {}
+        for w, v in zip(expected, values):
+            named.setdefault(w.name, v)
+        out[node.name] = [(w.name, named[w.name]) for w in node.weights]
+    return out

@@ -140,7 +140,8 @@ def input_shape(model: Any) -> tuple[int, ...]:
 
 def tfmot_qat(name: str, folder: str, seed: int = 0) -> tuple[str, str]:
     """Build model ``name`` (weights from ``seed``), save it float and tfmot-quantized as
-    ``.h5`` in ``folder``; returns (float path, QAT path)."""
+    ``.h5`` (and ``.keras`` beside them) in ``folder``; returns the .h5 paths (float,
+    QAT)."""
     k = keras()
     k.utils.set_random_seed(seed)
     float_model = MODELS[name](k)
@@ -153,8 +154,10 @@ def tfmot_qat(name: str, folder: str, seed: int = 0) -> tuple[str, str]:
     fpath = os.path.join(folder, f"{name}_float.h5")
     qpath = os.path.join(folder, f"{name}_qat.h5")
     float_model.save(fpath)
+    float_model.save(fpath[:-3] + ".keras")
     qat = tfmot().quantization.keras.quantize_model(float_model)
     qat.save(qpath)
+    qat.save(qpath[:-3] + ".keras")
     return fpath, qpath
 
 
