@@ -74,14 +74,19 @@ def torch_steps(path: str, xs: list[np.ndarray], cs: list[np.ndarray]) -> list[d
     return out
 
 
-def distance(a: dict, b: dict) -> tuple[float, int, int]:
-    """(largest |y - y_ref|, variables not bit-identical, variables)."""
-    n = differ = 0
+def distance(a: dict, b: dict, ranges: set[int]) -> tuple[float, int, int, int, int]:
+    """(largest |y - y_ref|, variables not bit-identical, variables, range variables not
+    bit-identical, range variables); variables by their position in the file."""
+    n = differ = rdiffer = 0
+    k = 0
     for layer, ws in b["weights"].items():
         for u, v in zip(a["weights"][layer], ws):
             n += 1
-            differ += not np.array_equal(u, v)
-    return float(np.abs(a["y"] - b["y"]).max()), differ, n
+            same = np.array_equal(u, v)
+            differ += not same
+            rdiffer += (not same) and k in ranges
+            k += 1
+    return float(np.abs(a["y"] - b["y"]).max()), differ, n, rdiffer, len(ranges)
 
 
 def ddp_worker(rank: int, port: int, path: str, out: str, xs: list, cs: list) -> None:
@@ -119,6 +124,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small CNN, 2 steps (for CI)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--model", default=None,
+                        help="one of tfgrad.testing.qat.MODELS (default mobilenet_v2; "
+                             "cnn with --quick)")
     parser.add_argument("--out", default=None, help="folder for the .h5 / .tflite files")
     parser.add_argument("--tf-reference", help=argparse.SUPPRESS)  # the oneDNN subprocess
     args = parser.parse_args()
@@ -135,7 +143,7 @@ def main() -> int:
 
     folder = args.out or tempfile.mkdtemp(prefix="tfgrad-port-")
     os.makedirs(folder, exist_ok=True)
-    name = "cnn" if args.quick else "mobilenet_v2"
+    name = args.model or ("cnn" if args.quick else "mobilenet_v2")
     t0 = time.perf_counter()
     _, qat_path = models.tfmot_qat(name, folder)
     print(f"tfmot QAT {name} saved: {qat_path} ({time.perf_counter() - t0:.1f}s)")
@@ -150,12 +158,20 @@ def main() -> int:
     with open(onednn_file, "rb") as f:
         onednn = pickle.load(f)
     port = torch_steps(qat_path, eigen["xs"], eigen["cs"])
-    print("\nstep  PyTorch vs TF-Eigen              TF-oneDNN vs TF-Eigen")
-    print("      max|dy|    variables differing   max|dy|    variables differing")
+    from tfgrad.qat import load_plan
+
+    plan, _ = load_plan(qat_path)
+    range_names = {x for n in plan.nodes for _, q in n.quantizers()
+                   for x in (q.min_name, q.max_name)}
+    ranges = {i for i, (_, w) in enumerate(plan.weights()) if w.name in range_names}
+    print("\nafter step  PyTorch vs TF-Eigen                   TF-oneDNN vs TF-Eigen")
+    print("            step's max|dy|  variables  ranges    step's max|dy|  variables  ranges")
     for s in range(steps):
-        a, b = distance(port[s], eigen["steps"][s]), distance(onednn["steps"][s],
-                                                             eigen["steps"][s])
-        print(f"{s:4d}  {a[0]:<10.3g} {a[1]:4d} / {a[2]:<13d}  {b[0]:<10.3g} {b[1]:4d} / {b[2]}")
+        a = distance(port[s], eigen["steps"][s], ranges)
+        b = distance(onednn["steps"][s], eigen["steps"][s], ranges)
+        print(f"{s + 1:10d}  {a[0]:<14.3g}  {a[1]:3d}/{a[2]:<5d}  {a[3]:3d}/{a[4]:<4d}  "
+              f"{b[0]:<14.3g}  {b[1]:3d}/{b[2]:<5d}  {b[3]:3d}/{b[4]}")
+    print("(variables and range variables not bit-identical to TF-Eigen after the step)")
 
     trained = os.path.join(folder, f"{name}_torch_trained.h5")
     with socket.socket() as s:
