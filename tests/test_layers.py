@@ -114,3 +114,16 @@ def test_op_modules_load_without_numba():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(SRC)))
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_the_qat_plan_is_framework_neutral():
+    """tfgrad.qat (the plan, the files, tfmot's rewrite) is data: no framework adapter and no
+    op layer; the adapters' builders read it, not the other way round."""
+    assert _violations(("tfgrad.qat",), ("tfgrad.torch", "tfgrad.jax", "tfgrad.ops",
+                                         "tfgrad.dispatch", "tfgrad.kernels")) == []
+    code = ("import sys, tfgrad.qat\n"
+            "bad = {'torch', 'jax', 'numba', 'tensorflow'} & set(sys.modules)\n"
+            "assert not bad, bad")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(SRC)))
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -12,9 +12,17 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_example_runs(code):
+def test_readme_example_runs(code, tmp_path, monkeypatch):
     if "import torch" in code:
         pytest.importorskip("torch")
+    if "model_qat.h5" in code:  # the QAT example reads a tfmot model: made here by tfmot
+        pytest.importorskip("tf_keras")
+        pytest.importorskip("tensorflow_model_optimization")
+        from tfgrad.testing import qat
+
+        _, path = qat.tfmot_qat("cnn", str(tmp_path))
+        (tmp_path / "model_qat.h5").write_bytes(Path(path).read_bytes())
+        monkeypatch.chdir(tmp_path)
     exec(compile("import numpy as np\nimport tfgrad\n" + code, "README.md", "exec"), {})
 
 
