@@ -342,3 +342,21 @@ def test_port_example_quick(tmp_path: object) -> None:
     assert port_dy <= max(onednn_dy, 1e-6)
     assert "reloaded in TF" in r.stdout and "TFLite int8: top-1 agrees" in r.stdout
     assert os.path.exists(os.path.join(str(tmp_path), "cnn.tflite"))
+
+
+@pytest.mark.parametrize("kind,per_axis", [("moving_average", False), ("last_value", True)])
+def test_range_arithmetic_under_compile(kind: str, per_axis: bool) -> None:
+    """Inductor compiles the range update (fused C++) to eager's bits: no FMA contraction
+    of var - (var - v) * d, no reciprocal for the symmetric rule's division."""
+    from tfgrad.qat import Quantizer
+
+    spec = Quantizer(kind, 8, per_axis, kind == "last_value", kind == "last_value", "a", "b",
+                     (3,) if per_axis else (), (-6.0, 6.0))
+    eager, compiled = tq.RangeQuantizer(spec), tq.RangeQuantizer(spec)
+    run = torch.compile(compiled, fullgraph=True, dynamic=False)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        x = torch.from_numpy((rng.standard_normal((4, 3)) * rng.uniform(0.01, 50))
+                             .astype(np.float32))
+        assert torch.equal(eager(x), run(x))
+        assert torch.equal(eager.min, compiled.min) and torch.equal(eager.max, compiled.max)

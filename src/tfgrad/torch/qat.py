@@ -63,13 +63,14 @@ class RangeQuantizer(nn.Module):
         self.register_buffer("max", torch.full(q.shape, q.init[1], dtype=torch.float32))
 
     def _batch_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.spec
-        if q.per_axis:
-            flat = x.detach().reshape(-1, x.shape[-1]) if x.dim() >= 2 else x.detach()
-            if x.dim() >= 2:
-                return flat.amin(0), flat.amax(0)
-            return flat, flat
-        return x.detach().amin(), x.detach().amax()
+        """reduce_min / reduce_max over all axes, or per axis over all but the last
+        (tfmot's [0] for rank 2, [0, 1, 2] for rank 4); one pass for both."""
+        x = x.detach()
+        if self.spec.per_axis:
+            if x.dim() < 2:
+                return x, x
+            return torch.aminmax(x.reshape(-1, x.shape[-1]), dim=0)
+        return torch.aminmax(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.spec
