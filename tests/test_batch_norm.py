@@ -211,7 +211,7 @@ def test_rsqrt_approximation_applies_to_full_packets_only():
 
 
 def test_processor_dependent_outputs_are_the_rsqrt_ones():
-    # The outputs the fixtures skip on another processor: y of the forward ops, x_backprop
+    # The outputs the fixtures keep per rsqrt signature: y of the forward ops, x_backprop
     # and scale_backprop of the gradients, in some of each op's fixtures and only those.
     from tests import fixture_store
     from tfgrad.testing.cases import batch_norm as cases

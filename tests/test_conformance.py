@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import builtins
-import functools
 import re
 
 import numpy as np
@@ -37,42 +36,69 @@ def _case(case_id: str):
     return next(c for c in CASES if c.id == case_id)
 
 
-@functools.cache
-def _same_rsqrt() -> bool:
-    """Whether this processor's approximate rsqrt is the one the fixtures were recorded
-    with (tests/fixture_store.py: Intel's and AMD's differ, and TF's bits with them)."""
-    recorded = fixture_store.recorded_processor().get("rsqrt_signature")
-    return recorded == fixture_store.rsqrt_signature()
+def _outputs(op: str) -> list[str]:
+    return [o.name for o in tfgrad.get_op_def(op).outputs]
+
+
+def _processors(signatures) -> str:
+    recorded = fixture_store.recorded_signatures()
+    return ", ".join(f"{recorded.get(s, {}).get('processor', 'an unnamed processor')} ({s})"
+                     for s in sorted(signatures)) or "no processor"
 
 
 @pytest.mark.parametrize("family,case_id", _FIXTURE_CASES)
 def test_fixture(family, case_id):
-    kwargs, expected = FIXTURES[family][case_id]
+    """tfgrad == TF's stored outputs. An output that holds the processor's approximate
+    rsqrt is stored per rsqrt signature (tests/fixture_store.py); where none was recorded
+    with this processor's, it is compared with TF run here, which computes with this
+    processor's rsqrt as tfgrad does, and skipped only without TensorFlow."""
+    fixture = FIXTURES[family][case_id]
+    kwargs = fixture.kwargs
     case = _case(case_id)
-    skip = processor_dependent(case, kwargs)
-    if skip and _same_rsqrt():
-        skip = set()
+    names = _outputs(case.op)
+    signature = fixture_store.rsqrt_signature()
+    expected = list(fixture.for_rsqrt(signature))
+    absent = {n for n, e in zip(names, expected) if e is None}
+    assert absent <= processor_dependent(case, kwargs), absent
+    what = ""
+    if absent and case.live and oracle.tensorflow() is not None:
+        live = oracle.expected(case, kwargs)
+        expected = [live[i] if e is None else e for i, e in enumerate(expected)]
+        what = f" ({', '.join(sorted(absent))}: TF live, rsqrt signature {signature})"
+        absent = set()
     for impl in ("kernel", "reference"):
         got = _run(case.op, kwargs, impl)
-        oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[{impl}]", skip=skip)
-    if skip:
-        rec = fixture_store.recorded_processor().get("processor", "another processor")
-        pytest.skip(f"{sorted(skip)} not compared: they hold the processor's approximate "
-                    f"rsqrt, and this one's differs from that of the processor the fixtures "
-                    f"were recorded on ({rec}); test_live compares them with TF here")
+        oracle.assert_outputs(case.op, got, tuple(expected), case.ulps,
+                              what=f"[{impl}]{what}", skip=absent)
+    if absent:
+        why = ("TensorFlow is not installed (pip install -e .[tf]) to compute them here"
+               if case.live else "the case is not run against TF live")
+        stored = {s for i, n in enumerate(names) if n in absent for s in fixture.by_rsqrt[i]}
+        pytest.skip(f"{', '.join(sorted(absent))} not checked (every other output matched): "
+                    f"they hold the processor's approximate rsqrt, the fixtures hold them "
+                    f"for the rsqrt of {_processors(stored)} only, this processor's "
+                    f"({signature}) differs, and {why}")
 
 
 def test_fixture_processor_recorded():
-    # The fixtures' rsqrt (Intel's and AMD's differ) is on record, and the outputs a family
-    # declares processor-dependent are outputs of its ops, skipped in some fixtures of each.
-    rec = fixture_store.recorded_processor()
-    assert re.fullmatch(r"[0-9a-f]{16}", rec.get("rsqrt_signature", "")), rec
-    assert rec.get("processor")
+    # Each rsqrt signature the fixtures hold outputs for (Intel's and AMD's differ) is on
+    # record with its processor. The outputs kept per signature are exactly those that the
+    # family declares processor-dependent: outputs of its ops, in some fixtures of each.
+    recorded = fixture_store.recorded_signatures()
+    assert recorded and all(re.fullmatch(r"[0-9a-f]{16}", s) and v.get("processor")
+                            for s, v in recorded.items()), recorded
     for name, op in tfgrad._opdefs.OPS.items():
         if op.family not in FIXTURES:
             continue
-        sets = [processor_dependent(c, FIXTURES[op.family][c.id][0])
-                for c in CASES if c.op == name]
+        sets = []
+        for c in [c for c in CASES if c.op == name]:
+            fixture = FIXTURES[op.family][c.id]
+            dependent = processor_dependent(c, fixture.kwargs)
+            signed = {n for i, n in enumerate(_outputs(name)) if fixture.outputs[i] is None}
+            assert signed == dependent, (c.id, signed, dependent)
+            for i in fixture.by_rsqrt:
+                assert fixture.by_rsqrt[i] and set(fixture.by_rsqrt[i]) <= set(recorded), c.id
+            sets.append(dependent)
         assert all(s <= {o.name for o in op.outputs} for s in sets), name
         declares = hasattr(testing.family(op.family), "processor_dependent")
         assert any(sets) == declares, name

@@ -7,9 +7,12 @@
 Each case of the op-case table (tfgrad/testing/cases/) is built with its fixed seed and run
 through tf.raw_ops on TF's reference CPU kernels (TF_ENABLE_ONEDNN_OPTS=0). Cases that
 TF's CPU kernel refuses (``tf_call``) are run in their TF-computable equivalent form.
-Generating a family whose outputs depend on the processor (batch_norm) also writes
-tests/fixtures/processor.json: which approximate reciprocal square root the processor has
-(see tests/fixture_store.py).
+
+Outputs whose bits depend on the processor (batch norm's approximate rsqrt: its family's
+``processor_dependent``) are stored under this processor's rsqrt signature, next to those
+recorded on processors with other signatures, which are kept for every case whose inputs
+are unchanged (tests/fixture_store.py); tests/fixtures/processor.json names the processor
+of each signature. Run on an Intel and an AMD processor, the fixtures hold both.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import numpy as np  # noqa: E402
 
 from tests import fixture_store, oracle  # noqa: E402
 from tests.cases import FAMILIES  # noqa: E402
-from tfgrad import testing  # noqa: E402
+from tfgrad import get_op_def  # noqa: E402
+from tfgrad.testing import processor_dependent  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -35,6 +39,8 @@ def main(argv: list[str]) -> int:
 
     print(f"TensorFlow {tf.__version__}, oneDNN opts off")
     families = argv or list(FAMILIES)
+    signature = fixture_store.rsqrt_signature()
+    recorded = False
     fixture_store.FIXTURES.mkdir(exist_ok=True)
     for fam in families:
         cases, _ = FAMILIES[fam]
@@ -42,13 +48,30 @@ def main(argv: list[str]) -> int:
         for case in cases:
             kwargs = case.kwargs()
             outs = oracle.expected(case, kwargs)
-            data.update(fixture_store.pack(case.id, kwargs, outs))
+            dependent = processor_dependent(case, kwargs)
+            signed = [i for i, o in enumerate(get_op_def(case.op).outputs)
+                      if o.name in dependent]
+            data.update(fixture_store.pack(case.id, kwargs, outs,
+                                           rsqrt=(signature, signed) if signed else None))
         path = fixture_store.FIXTURES / f"{fam}.npz"
+        if path.exists():
+            with np.load(path, allow_pickle=False) as old:
+                data, dropped = fixture_store.merge(old, data)
+            for key in dropped:
+                print(f"  dropped {key}: its case's inputs or outputs changed")
         np.savez_compressed(path, **data)
-        print(f"{fam}: {len(cases)} cases -> {path.relative_to(ROOT)} "
-              f"({path.stat().st_size // 1024} KiB)")
-        if hasattr(testing.family(fam), "processor_dependent"):  # (batch norm's rsqrtps)
-            fixture_store.record_processor()
+        signatures = fixture_store.signatures_in(data)
+        print(f"{fam}: {len(cases)} cases -> {os.path.relpath(path, ROOT)} "
+              f"({path.stat().st_size // 1024} KiB)" + (
+                  f"; rsqrt signature {signature}, kept {sorted(signatures - {signature})}"
+                  if signature in signatures else ""))
+        recorded |= signature in signatures
+    if recorded:  # processor.json: this processor, and the others still in some fixture
+        kept: set[str] = set()
+        for path in fixture_store.FIXTURES.glob("*.npz"):
+            with np.load(path, allow_pickle=False) as stored:
+                kept |= fixture_store.signatures_in(stored.files)
+        fixture_store.record_processor(keep=kept)
     return 0
 
 

@@ -12,7 +12,8 @@ lists them. Family ``f`` has the module ``tfgrad.testing.cases.f``, which define
 - ``WARMUP`` (list of :class:`~tfgrad.testing.cases.Warmup`, optional): inputs that
   ``tfgrad warmup`` runs besides every case and every benchmark shape;
 - ``processor_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
-  whose bits depend on the processor (fixtures recorded on another one skip them).
+  whose bits depend on the processor (the fixtures keep them per processor, and where
+  none was recorded on this one the fixture tests compare them with TF live).
 - ``LARGE`` (op name -> function returning keyword arguments): one larger input per op,
   big enough for the kernels' threads and reductions to split work (the determinism
   tests run it on 1 and 2 threads and in several memory layouts).
