@@ -453,3 +453,41 @@ def test_bounds_are_tight() -> None:
             seq[1] += 1
             with pytest.raises(AssertionError):
                 _check(framework, case.op, (want[0], seq, want[2]), want, "mutant")
+
+
+def test_jax_xla_rewrite_guards_are_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimization barriers of ``_div`` and ``_opaque`` hold against XLA's algebraic
+    simplifier, which runs before XLA:CPU removes them: a division by a broadcast (or a
+    constant: static seeds) would become a multiplication by the reciprocal, ``0 + x``
+    would become ``x`` (a -0 gradient would stay -0 where TF's +0 accumulators give +0).
+    With them the ops are bit-identical to the exact kernels, without them not. (Barriers
+    do not stop LLVM's FMA contraction, but no float multiply feeds an add here.)"""
+    mod = _impl("jax")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 30, 40, 3)).astype(np.float32)
+    fwd = dict(value=x, pooling_ratio=[1.0, 1.44, 1.73, 1.0], pseudo_random=False,
+               overlapping=True, deterministic=True, seed=7, seed2=3)
+    avg, mx = _expected("FractionalAvgPool", fwd), _expected("FractionalMaxPool", fwd)
+    g = np.full(avg[0].shape, -0.0, np.float32)  # every share and sum a -0
+    calls = (
+        ("FractionalAvgPool", fwd, {"_div": lambda a, b: a / b}),
+        ("FractionalAvgPoolGrad", dict(orig_input_tensor_shape=np.array(x.shape, np.int64),
+                                       out_backprop=g, row_pooling_sequence=avg[1],
+                                       col_pooling_sequence=avg[2], overlapping=True),
+         {"_opaque": lambda a: a}),
+        ("FractionalMaxPoolGrad", dict(orig_input=x, orig_output=mx[0], out_backprop=g,
+                                       row_pooling_sequence=mx[1],
+                                       col_pooling_sequence=mx[2], overlapping=True),
+         {"_opaque": lambda a: a}),
+    )
+    for op, kw, mutant in calls:
+        want = _expected(op, kw)[0]
+        _JIT.clear()
+        assert bit_identical(_jax_run(op, kw, static_seeds=True)[0], want), op
+        with monkeypatch.context() as m:
+            for name, fn in mutant.items():
+                m.setattr(mod, name, fn)
+            _JIT.clear()
+            assert not bit_identical(_jax_run(op, kw, static_seeds=True)[0], want), (
+                f"{op}: XLA no longer rewrites without {sorted(mutant)}")
+        _JIT.clear()
