@@ -360,3 +360,39 @@ def test_range_arithmetic_under_compile(kind: str, per_axis: bool) -> None:
                              .astype(np.float32))
         assert torch.equal(eager(x), run(x))
         assert torch.equal(eager.min, compiled.min) and torch.equal(eager.max, compiled.max)
+
+
+def _replica_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from tfgrad.qat import Quantizer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    q = tq.RangeQuantizer(Quantizer("moving_average", 8, False, False, False, "a", "b", (),
+                                    (-6.0, 6.0)))
+    x = torch.tensor([[-1.5, 0.25], [3.0, 2.0]]) * (rank + 1)  # ranges -1.5/3 and -3/6
+    q.train()(x)
+    if rank == 0:
+        torch.save([q.min, q.max], out)
+    dist.destroy_process_group()
+    os._exit(0)  # torch 2.13's gloo sometimes aborts in the interpreter's teardown
+
+
+def test_moving_average_takes_the_replica_mean(tmp_path: object) -> None:
+    """Under torch.distributed each moving average folds in the mean of the replicas' new
+    values, as tf.distribute reduces assign_moving_average's value (MEAN)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(str(tmp_path), "ranges.pt")
+    mp.spawn(_replica_worker, args=(port, out), nprocs=2, join=True)
+    lo, hi = torch.load(out)
+    d = np.float32(1.0 - 0.999)
+    v_lo, v_hi = (np.float32(-1.5) + np.float32(-3.0)) / 2, (np.float32(3.0) + np.float32(6.0)) / 2
+    assert float(lo) == float(np.float32(-6.0) - (np.float32(-6.0) - np.float32(v_lo)) * d)
+    assert float(hi) == float(np.float32(6.0) - (np.float32(6.0) - np.float32(v_hi)) * d)
