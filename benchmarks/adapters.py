@@ -1,12 +1,27 @@
 """Per-call cost of the framework adapters, and one training step of the torch example.
 
-    python benchmarks/adapters.py [--smoke] [--json FILE]
+    python benchmarks/adapters.py [--smoke] [--rounds R] [--calls N] [--no-step]
+                                  [--json FILE] [--clock cpu]
 
-Tiny calls measure what the adapter adds around a kernel (argument binding, operator
-dispatch, tensor <-> NumPy views, autograd bookkeeping): ``tfgrad.raw_ops`` on NumPy
-arrays, the same op through ``tfgrad.torch`` (forward, and forward + backward), and one
-training step of examples/torch_qat_mobilenet.py's model (batch 32, 24x24, CPU). Only
-public functions are called, so the script times any version of tfgrad (A/B runs).
+Tiny calls measure what the adapters add around a kernel (argument binding and checks,
+operator dispatch, tensor <-> NumPy views, autograd bookkeeping), for a fake quant of 8
+values and a depthwise convolution of [1, 4, 4, 2] with a 3x3 filter:
+
+- **kernel**: the op's host side on the compiled kernels with the checks done
+  (``tfgrad.dispatch.<family>``; for the backward, each gradient op's);
+- ``tfgrad.raw_ops`` on NumPy arrays, a repeated signature;
+- ``tfgrad.torch`` forward (inputs not requiring grad) and forward + backward
+  (``op(x).sum().backward()``, every input requiring grad);
+- torch's nearest native op, the same ways (``fake_quantize_per_tensor_affine``; a grouped
+  ``conv2d``), and torch's **autograd floor**: the same forward + backward with
+  ``clone`` as the op (the engine, ``sum`` and its backward, which every op pays); and
+  what any op written in Python pays on top: the same with a do-nothing
+  ``autograd.Function`` handing NumPy-backed copies back.
+
+Overheads are paired per round (each round times every row in turn), then the median
+and range over rounds: raw_ops - kernel; torch forward - kernel; torch forward + backward
+- forward and gradient kernels - autograd floor. One training step of
+examples/torch_qat_mobilenet.py's model (batch 32, 24x24, CPU) follows.
 """
 
 from __future__ import annotations
@@ -24,61 +39,137 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 CLOCK = time.perf_counter
 
 
-def per_call_us(fn, n: int, rounds: int) -> float:
-    """Median over rounds of the mean time of n calls, in microseconds."""
-    for _ in range(min(n, 50)):
-        fn()
-    samples = []
-    for _ in range(rounds):
-        t0 = CLOCK()
-        for _ in range(n):
+def interleaved_us(fns: dict, n: int, rounds: int) -> dict[str, list[float]]:
+    """Per round, the mean time of n calls of each function in turn, in microseconds."""
+    for fn in fns.values():
+        for _ in range(min(n, 50)):
             fn()
-        samples.append((CLOCK() - t0) / n * 1e6)
-    return statistics.median(samples)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = CLOCK()
+            for _ in range(n):
+                fn()
+            samples[k].append((CLOCK() - t0) / n * 1e6)
+    return samples
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--smoke", action="store_true", help="a few calls each (CI)")
-    p.add_argument("--json", help="also write the results as JSON")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: this process's CPU time (steadier on a shared machine; the "
-                        "training step then counts every thread's time)")
-    args = p.parse_args(argv)
-    global CLOCK
-    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    n, rounds, steps = (5, 1, 1) if args.smoke else (2000, 7, 20)
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
+
+def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
+    import numpy as np
     import torch
+    import torch.nn.functional as F
 
     import tfgrad
     import tfgrad.torch as tt
+    from tfgrad.dispatch import depthwise_conv as DD
+    from tfgrad.dispatch import fake_quant as DF
+    from tfgrad.ops import depthwise_conv as OD
+    from tfgrad.ops import fake_quant as OF
 
     torch.manual_seed(0)
     x8 = torch.randn(8)
+    x8g = x8.clone().requires_grad_()
     x = torch.randn(1, 4, 4, 2)
     w = torch.randn(3, 3, 2, 1)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     x8n, xn, wn = x8.numpy(), x.numpy(), w.numpy()
+    g8, gdw = np.ones(8, np.float32), np.ones((1, 4, 4, 2), np.float32)
+    # torch's nearest ops: the same range [-6, 6] on 8 bits; the convolution in NCHW
+    scale, zero = 12 / 255, 128
+    xc = x.permute(0, 3, 1, 2).contiguous()
+    wc = w.permute(2, 3, 0, 1).reshape(2, 1, 3, 3).contiguous()
+    x8t, xct, wct = x8.clone().requires_grad_(), xc.clone().requires_grad_(), wc.clone()
+    wct.requires_grad_()
+    # the kernels, with the checks done
+    p = OF.nudge(*OF._args_range(-6.0, 6.0), 8, False)
+    attrs = {"strides": (1, 1, 1, 1), "padding": "SAME", "explicit_paddings": (),
+             "data_format": "NHWC", "dilations": (1, 1, 1, 1)}
+    geo, _ = OD._checked("DepthwiseConv2dNative", {"input": xn, "filter": wn, **attrs})
 
-    def fwd_bwd() -> None:
-        tt.depthwise_conv2d_native(xg, wg, [1, 1, 1, 1], "SAME").sum().backward()
+    class Identity(torch.autograd.Function):
+        """What any op written in Python pays in torch: an autograd.Function whose
+        forward and backward hand NumPy-backed tensors back (copies, no compute)."""
 
-    rows = {
-        "raw_ops FakeQuantWithMinMaxArgs, 8 floats (NumPy)":
-            per_call_us(lambda: tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x8n), n, rounds),
-        "tfgrad.torch fake_quant_with_min_max_args, 8 floats":
-            per_call_us(lambda: tt.fake_quant_with_min_max_args(x8), n, rounds),
-        "raw_ops DepthwiseConv2dNative, [1, 4, 4, 2] (NumPy)":
-            per_call_us(lambda: tfgrad.raw_ops.DepthwiseConv2dNative(
-                input=xn, filter=wn, strides=[1, 1, 1, 1], padding="SAME"), n, rounds),
-        "tfgrad.torch depthwise_conv2d_native, [1, 4, 4, 2]":
-            per_call_us(lambda: tt.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME"),
-                        n, rounds),
-        "tfgrad.torch depthwise forward + backward, [1, 4, 4, 2]":
-            per_call_us(fwd_bwd, max(1, n // 4), rounds),
+        @staticmethod
+        def forward(ctx, t):
+            ctx.save_for_backward(t)
+            return torch.from_numpy(t.detach().numpy().copy())
+
+        @staticmethod
+        def backward(ctx, g):
+            (t,) = ctx.saved_tensors
+            return torch.from_numpy(g.numpy().copy())
+
+    def dw_grads() -> None:
+        DD.backprop_input(wn, gdw, geo)
+        DD.backprop_filter(xn, gdw, geo)
+
+    fns = {
+        "fq kernel forward": lambda: DF.quantize(x8n, p, False),
+        "fq kernel gradient": lambda: DF.mask_gradient(g8, x8n, p),
+        "fq raw_ops": lambda: tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x8n),
+        "fq tfgrad.torch forward": lambda: tt.fake_quant_with_min_max_args(x8),
+        "fq tfgrad.torch forward + backward":
+            lambda: tt.fake_quant_with_min_max_args(x8g).sum().backward(),
+        "fq torch native forward":
+            lambda: torch.fake_quantize_per_tensor_affine(x8, scale, zero, 0, 255),
+        "fq torch native forward + backward":
+            lambda: torch.fake_quantize_per_tensor_affine(x8t, scale, zero, 0, 255)
+            .sum().backward(),
+        "fq torch autograd floor (clone)": lambda: x8t.clone().sum().backward(),
+        "fq Python autograd.Function floor (NumPy copies)":
+            lambda: Identity.apply(x8t).sum().backward(),
+        "dw kernel forward": lambda: DD.forward(xn, wn, geo),
+        "dw kernel gradients (input, filter)": dw_grads,
+        "dw raw_ops": lambda: tfgrad.raw_ops.DepthwiseConv2dNative(
+            input=xn, filter=wn, strides=[1, 1, 1, 1], padding="SAME"),
+        "dw tfgrad.torch forward":
+            lambda: tt.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME"),
+        "dw tfgrad.torch forward + backward":
+            lambda: tt.depthwise_conv2d_native(xg, wg, [1, 1, 1, 1], "SAME").sum().backward(),
+        "dw torch native forward":
+            lambda: F.conv2d(xc, wc, padding=1, groups=2),
+        "dw torch native forward + backward":
+            lambda: F.conv2d(xct, wct, padding=1, groups=2).sum().backward(),
+        "dw torch autograd floor (clone x, w)":
+            lambda: (xct.clone().sum() + wct.clone().sum()).backward(),
     }
+    s = interleaved_us(fns, n, rounds)
 
+    def paired(*terms: tuple[int, str]) -> list[float]:
+        return [sum(sign * s[k][r] for sign, k in terms) for r in range(rounds)]
+
+    over = {}
+    for f in ("fq", "dw"):
+        grads = "fq kernel gradient" if f == "fq" else "dw kernel gradients (input, filter)"
+        floor = ("fq torch autograd floor (clone)" if f == "fq"
+                 else "dw torch autograd floor (clone x, w)")
+        over[f"{f} raw_ops over the kernel"] = paired(
+            (1, f"{f} raw_ops"), (-1, f"{f} kernel forward"))
+        over[f"{f} tfgrad.torch forward over the kernel"] = paired(
+            (1, f"{f} tfgrad.torch forward"), (-1, f"{f} kernel forward"))
+        over[f"{f} tfgrad.torch forward + backward over the kernels and the floor"] = paired(
+            (1, f"{f} tfgrad.torch forward + backward"), (-1, f"{f} kernel forward"),
+            (-1, grads), (-1, floor))
+        if f == "fq":
+            over["fq tfgrad.torch forward + backward over the kernels and a Python "
+                 "autograd.Function"] = paired(
+                (1, "fq tfgrad.torch forward + backward"), (-1, "fq kernel forward"),
+                (-1, grads), (-1, "fq Python autograd.Function floor (NumPy copies)"))
+        over[f"{f} tfgrad.torch forward over torch native"] = paired(
+            (1, f"{f} tfgrad.torch forward"), (-1, f"{f} torch native forward"))
+        over[f"{f} tfgrad.torch forward + backward over torch native"] = paired(
+            (1, f"{f} tfgrad.torch forward + backward"),
+            (-1, f"{f} torch native forward + backward"))
+    return ({k: summary(v) for k, v in s.items()}, {k: summary(v) for k, v in over.items()})
+
+
+def training_step_ms(steps: int, rounds: int) -> dict[str, float]:
+    import torch
     import torch_qat_mobilenet as qat
 
     model = qat.TinyMobileNet()
@@ -91,15 +182,46 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
 
-    rows["torch example: one training step (batch 32, 24x24), ms"] = (
-        per_call_us(step, steps, rounds) / 1e3)
-    width = max(map(len, rows))
+    ms = [v / 1e3 for v in interleaved_us({"step": step}, steps, rounds)["step"]]
+    return summary(ms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="a few calls each (CI)")
+    p.add_argument("--rounds", type=int, default=15, help="rounds of interleaved samples")
+    p.add_argument("--calls", type=int, default=1000, help="calls per sample")
+    p.add_argument("--no-step", action="store_true", help="tiny calls only")
+    p.add_argument("--json", help="also write the results as JSON")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this process's CPU time (steadier on a shared machine; the "
+                        "training step then counts every thread's time)")
+    args = p.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    n, rounds, steps = (5, 1, 1) if args.smoke else (args.calls, args.rounds, 20)
+
+    import torch
+
+    import tfgrad
+
+    times, overheads = tiny_calls(n, rounds)
+    step = None if args.no_step else training_step_ms(steps, 1 if args.smoke else 7)
     print(f"tfgrad {tfgrad.__version__}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} torch threads; us per call unless marked ms")
-    for k, v in rows.items():
-        print(f"  {k:<{width}}  {v:9.2f}")
+          f"{torch.get_num_threads()} torch threads; {rounds} interleaved rounds of {n} "
+          "calls: median [min, max], us per call")
+    width = max(map(len, [*times, *overheads]))
+    for title, rows in (("Times", times), ("Overheads (paired per round)", overheads)):
+        print(title)
+        for k, v in rows.items():
+            print(f"  {k:<{width}}  {v['median']:8.2f}  [{v['min']:.2f}, {v['max']:.2f}]")
+    if step is not None:
+        print(f"torch example: one training step (batch 32, 24x24): {step['median']:.2f} ms "
+              f"[{step['min']:.2f}, {step['max']:.2f}]")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"times_us": times, "overheads_us": overheads, "training_step_ms": step},
+            indent=1))
     return 0
 
 

@@ -237,3 +237,112 @@ def test_check_alloc_reads_available_memory_only_for_large_allocations(monkeypat
     monkeypatch.setenv("TFGRAD_MAX_BYTES", "1024")
     with pytest.raises(tfgrad.ResourceLimitError):
         _validate.check_alloc("Op", "output", (1024,), np.float32)
+
+
+# --------------------------------------------------------------------------------------
+# The signature cache (tfgrad._api): a repeated signature skips only what it proves
+# --------------------------------------------------------------------------------------
+def test_repeated_signature_gives_the_same_bits_and_leaves_inputs_alone():
+    from tfgrad import _api
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 2, 2)).astype(np.float32)
+    x.flags.writeable = False
+    before = x.copy()
+    kw = dict(input=x, filter=w, strides=[1, 1, 1, 1], padding="SAME")
+    _api._CACHE.clear()
+    first = tfgrad.raw_ops.DepthwiseConv2dNative(**kw)
+    assert len(_api._CACHE) == 1
+    for _ in range(3):
+        again = tfgrad.raw_ops.DepthwiseConv2dNative(**kw)
+        assert again.tobytes() == first.tobytes() and again is not first
+    np.testing.assert_array_equal(x, before)
+    q = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=-1.0, max=1.0)
+    assert tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=-1.0, max=1.0).tobytes() == \
+        q.tobytes()
+    # another range, another signature
+    assert not np.array_equal(tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=-0.5,
+                                                                      max=0.5), q)
+
+
+def test_repeated_signature_still_checks_attr_types_and_values():
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    for _ in range(2):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=-6.0, max=6.0, num_bits=8)
+    # values equal to the cached ones, of the wrong types: 8.0 is not 8, True is not 1.0
+    with pytest.raises(TypeError, match="num_bits"):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=-6.0, max=6.0, num_bits=8.0)
+    tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=1.0, max=6.0)
+    with pytest.raises(TypeError, match="min"):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=True, max=6.0)
+    with pytest.raises(tfgrad.InvalidArgumentError, match="min has to be smaller than max"):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=6.0, max=6.0)
+    # -0.0 and 0.0 are equal keys to a dict, not to the op: both keep their own sign
+    for lo in (0.0, -0.0, 0.0):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x, min=lo, max=1.0)
+    xs = np.zeros((1, 3, 3, 1), np.float32)
+    w = np.ones((1, 1, 1, 1), np.float32)
+    for _ in range(2):
+        tfgrad.raw_ops.DepthwiseConv2dNative(input=xs, filter=w, strides=[1, 1, 1, 1],
+                                             padding="VALID")
+    with pytest.raises(TypeError, match="strides"):
+        tfgrad.raw_ops.DepthwiseConv2dNative(input=xs, filter=w, strides=[1, 1.0, 1, 1],
+                                             padding="VALID")
+    # a shape input's values are part of the signature
+    g = np.ones((1, 3, 3, 1), np.float32)
+    for sizes in ([1, 3, 3, 1], np.array([1, 3, 3, 1], np.int32)):
+        for _ in range(2):
+            tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput(
+                input_sizes=sizes, filter=w, out_backprop=g, strides=[1, 1, 1, 1],
+                padding="VALID")
+    with pytest.raises(tfgrad.InvalidArgumentError, match="Number of rows"):
+        tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=[1, 4, 3, 1], filter=w, out_backprop=g, strides=[1, 1, 1, 1],
+            padding="VALID")
+
+
+def test_repeated_signature_still_runs_the_value_checks():
+    shape = np.array([1, 4, 4, 1], np.int64)
+    g = np.ones((1, 2, 2, 1), np.float32)
+    rows = np.array([0, 2, 4], np.int64)
+    for _ in range(2):
+        tfgrad.raw_ops.FractionalAvgPoolGrad(orig_input_tensor_shape=shape, out_backprop=g,
+                                             row_pooling_sequence=rows,
+                                             col_pooling_sequence=rows)
+    with pytest.raises(tfgrad.InvalidArgumentError):
+        tfgrad.raw_ops.FractionalAvgPoolGrad(orig_input_tensor_shape=shape, out_backprop=g,
+                                             row_pooling_sequence=np.array([0, 3, 2], np.int64),
+                                             col_pooling_sequence=rows)
+
+
+def test_repeated_signature_rereads_the_memory_limit(monkeypatch):
+    x = np.ones(1000, np.float32)
+    for _ in range(2):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x)
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", "1000")
+    with pytest.raises(tfgrad.ResourceLimitError, match="more than the 1000 bytes"):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x)
+    monkeypatch.delenv("TFGRAD_MAX_BYTES")
+    # checks that read the available memory are never cached
+    x = np.ones(1001, np.float32)  # (a new signature)
+    calls = []
+    monkeypatch.setattr(_validate, "_ALWAYS_ALLOWED", 0)
+    monkeypatch.setattr(_validate, "memory_limit_bytes", lambda: calls.append(1) or 1 << 40)
+    for n in (1, 2, 3):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x)
+        assert len(calls) == n
+    monkeypatch.setattr(_validate, "memory_limit_bytes", lambda: 100)
+    with pytest.raises(tfgrad.ResourceLimitError):
+        tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x)
+
+
+def test_converted_inputs_are_not_cached_and_still_convert():
+    from tfgrad import _api
+
+    _api._CACHE.clear()
+    x64 = np.linspace(-1, 1, 8)
+    a = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=x64)
+    b = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=list(x64))
+    assert a.dtype == b.dtype == np.float32 and a.tobytes() == b.tobytes()
+    assert len(_api._CACHE) == 0

@@ -129,4 +129,10 @@ def test_adapter_benchmark_smoke(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapters.py"), "--smoke",
                         "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert all(v > 0 for v in json.loads(out.read_text()).values())
+    data = json.loads(out.read_text())
+    assert all(v["median"] > 0 for v in data["times_us"].values())
+    assert data["training_step_ms"]["median"] > 0
+    for path in ("raw_ops over the kernel", "tfgrad.torch forward over the kernel",
+                 "tfgrad.torch forward + backward over the kernels and the floor"):
+        for op in ("fq", "dw"):  # (no bound asserted: the smoke run times 5 calls)
+            assert f"{op} {path}" in data["overheads_us"]

@@ -183,6 +183,85 @@ def test_inputs_are_shared_not_copied():
     assert x.untyped_storage().data_ptr() not in ptrs
 
 
+def _eager_and_operator(fn, op_name, *args, **kwargs):
+    """The function's eager call (around the dispatcher) and the operator's, each with
+    fresh leaves: outputs and input gradients."""
+    from tfgrad._opdefs import OPS
+    from tfgrad.torch import _ops
+
+    results = []
+    for call in (fn, _ops.OPERATORS[op_name]):
+        leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor)
+                  and a.is_floating_point() else a for a in args]
+        out = call(*leaves, **kwargs)
+        outs = tuple(out) if isinstance(out, tuple) else (out,)
+        y = outs[0]
+        assert type(y.grad_fn).__name__ == (
+            f"GeneratedBackwardFor_tfgrad_{OPS[op_name].snake_name}_defaultBackward")
+        results.append((type(y.grad_fn), outs, torch.autograd.grad(
+            y.pow(2).sum(), [a for a in leaves if isinstance(a, torch.Tensor)
+                             and a.requires_grad])))
+    return results
+
+
+def test_eager_calls_equal_the_operator():
+    """Plain eager calls on CPU tensors skip the dispatcher (its per-call cost): the
+    same outputs, gradients and autograd node name as the operator's."""
+    x = torch.randn(2, 5, 5, 3)
+    w = torch.randn(3, 3, 3, 2)
+    (k1, o1, g1), (k2, o2, g2) = _eager_and_operator(
+        tt.depthwise_conv2d_native, "DepthwiseConv2dNative", x, w, [1, 2, 2, 1], "SAME")
+    assert k1 is not k2  # (the eager path's autograd.Function, and torch.library's)
+    for a, b in zip((*o1, *g1), (*o2, *g2)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    lo, hi = torch.tensor([-1.0, -0.5, -2.0]), torch.tensor([1.0, 0.5, 2.0])
+    (_, o1, g1), (_, o2, g2) = _eager_and_operator(
+        tt.fake_quant_with_min_max_vars_per_channel,
+        "FakeQuantWithMinMaxVarsPerChannel", x * 2, lo, hi, num_bits=4)
+    for a, b in zip((*o1, *g1), (*o2, *g2)):
+        assert torch.equal(a, b)
+
+
+def test_eager_calls_fall_back_to_the_operator_where_they_must():
+    """Under a torch-function mode, a functorch transform, autocast or no grad (with
+    ints for float attrs) the calls give what the operator gives."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(8)
+    expected = tt.fake_quant_with_min_max_args(x, min=-1, max=1)  # (ints: as floats)
+    assert torch.equal(expected, tt.fake_quant_with_min_max_args(x, min=-1.0, max=1.0))
+    with Spy():
+        assert torch.equal(tt.fake_quant_with_min_max_args(x, min=-1, max=1), expected)
+    assert any("fake_quant_with_min_max_args" in s for s in seen)
+    assert torch.equal(torch.vmap(lambda v: tt.fake_quant_with_min_max_args(
+        v, min=-1.0, max=1.0))(x.reshape(2, 4)).reshape(-1), expected)
+    # errors are the operator's
+    with pytest.raises(TypeError, match="num_bits"):
+        tt.fake_quant_with_min_max_args(x, num_bits=8.0)
+    with pytest.raises(tfgrad.InvalidArgumentError, match="min has to be smaller than max"):
+        tt.fake_quant_with_min_max_args(x, min=1.0, max=1.0)
+
+
+def test_eager_outputs_alias_no_input():
+    """Batch norm in inference returns its mean input as an output in NumPy: the eager
+    call copies it, as the operator does."""
+    x = torch.randn(1, 2, 2, 3)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    y = tt.fused_batch_norm_v3(x, torch.ones(3), torch.zeros(3), mean, var,
+                               is_training=False)
+    for t in y:
+        if t.numel():
+            for i in (x, mean, var):
+                assert not np.shares_memory(t.numpy(), i.numpy())
+
+
 # --------------------------------------------------------------------------------------
 # Fake quantization: gradients are TF's gradient ops, bit for bit
 # --------------------------------------------------------------------------------------

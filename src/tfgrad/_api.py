@@ -44,13 +44,162 @@ def output_type(op: OpDef) -> Any:
     return collections.namedtuple(op.name, [o.name for o in op.outputs])
 
 
-def call(op: OpDef, arguments: dict[str, Any]) -> Any:
-    """Validate ``arguments`` for ``op`` and run it."""
+# --------------------------------------------------------------------------------------
+# The signature cache
+# --------------------------------------------------------------------------------------
+# A call whose inputs are NumPy arrays of the op's own dtypes (passed to the op as they
+# are) and whose attrs are plain Python values is described, for every check that needs
+# no input values, by its signature: the op, each array's dtype, shape and strides, the
+# values of the shape inputs, the attrs' values (and types: 8.0 is not 8, True is not 1,
+# -0.0 is not 0.0). The first call of a signature runs ``bind`` and the family's
+# ``prepare`` (``check``: shapes, ranks, sizes, allocations; what follows from the attrs
+# alone); later calls run only what ``prepare`` returned: the value checks and the
+# compute. Never cached: a call that raised before its value checks, one whose checks
+# read the machine (an allocation past ``_validate``'s always-allowed size, or
+# TFGRAD_MAX_BYTES set), inputs that bind converts (Python values, other dtypes).
+_CACHE: dict[tuple, tuple[Callable[[dict[str, Any]], Any], dict[str, Any], tuple[str, ...]]] = {}
+_CACHE_MAX = 4096
+_NO = object()
+
+
+def _float_key(v: Any) -> Any:
+    if type(v) is int:
+        return v
+    if type(v) is float:
+        return v if v else repr(v)  # (-0.0 == 0.0, and hashes alike)
+    return _NO
+
+
+def _list_key(v: Any, kind: str) -> Any:
+    if type(v) is not list and type(v) is not tuple:
+        return _NO
+    if kind == "list(int)":
+        for x in v:
+            if type(x) is not int:
+                return _NO
+        return tuple(v)
+    k = tuple(_float_key(x) for x in v)
+    return _NO if _NO in k else k
+
+
+def _key_function(op: OpDef) -> Callable[[dict[str, Any]], tuple | None]:
+    """The signature of a call of ``op`` (hashable), or None where it is not cacheable."""
+    arrays = tuple(i.name for i in op.inputs if not i.is_shape)
+    shapes = tuple(i.name for i in op.inputs if i.is_shape)
+    plain = tuple((a.name, _ATTR_TYPES[a.type]) for a in op.attrs if a.type in _ATTR_TYPES)
+    floats = tuple(a.name for a in op.attrs if a.type == "float")
+    lists = tuple((a.name, a.type) for a in op.attrs if a.type.startswith("list("))
+    ndarray = np.ndarray
+
+    def key(arguments: dict[str, Any]) -> tuple | None:
+        k: list[Any] = [op.name]
+        for n in arrays:
+            v = arguments[n]
+            if type(v) is not ndarray:
+                return None
+            k += (v.dtype, v.shape, v.strides)
+        for n in shapes:  # (their values are part of the signature)
+            v = arguments[n]
+            if type(v) is ndarray:
+                k += (v.dtype, v.shape, v.strides, v.tobytes())
+            else:  # a list of Python ints (the adapters' form)
+                v = _list_key(v, "list(int)")
+                if v is _NO:
+                    return None
+                k.append(v)
+        for n, t in plain:
+            v = arguments[n]
+            if type(v) is not t:
+                return None
+            k.append(v)
+        for n in floats:
+            v = _float_key(arguments[n])
+            if v is _NO:
+                return None
+            k.append(v)
+        for n, kind in lists:
+            v = _list_key(arguments[n], kind)
+            if v is _NO:
+                return None
+            k.append(v)
+        return tuple(k)
+
+    return key
+
+
+_ATTR_TYPES = {"int": int, "bool": bool, "string": str}
+_KEYS: dict[str, Callable[[dict[str, Any]], tuple | None]] = {}
+_PREPARE: dict[str, Callable[[str, dict[str, Any]], Callable[[dict[str, Any]], Any]]] = {}
+
+
+def _prepare(op: OpDef) -> Callable[[str, dict[str, Any]], Callable[[dict[str, Any]], Any]]:
+    """The family's ``prepare(op_name, kwargs)`` (the checks that need no input values,
+    returning the rest of the op), or the whole op where the family has none."""
+    prep = _PREPARE.get(op.name)
+    if prep is None:
+        module = importlib.import_module(f"tfgrad.ops.{op.family}")
+        prep = getattr(module, "prepare", None)
+        if prep is None:
+            impl = _impl(op)
+
+            def prep(op_name: str, kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+                return lambda kw: impl(**kw)
+        _PREPARE[op.name] = prep
+    return prep
+
+
+def signature(op: OpDef, arguments: dict[str, Any]) -> tuple | None:
+    """The call's signature (see above), or None where the call is not cacheable:
+    inputs that are not NumPy arrays, attrs that are not plain Python values."""
+    return _KEYS[op.name](arguments)
+
+
+def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
+    if key is _NO:
+        key = _KEYS[op.name](arguments)
+    if key is not None and _validate.max_bytes_set():
+        key = None
+    if key is not None:
+        entry = _CACHE.get(key)
+        if entry is not None:
+            rest, fixed, passed = entry
+            kwargs = dict(fixed)
+            for n in passed:
+                kwargs[n] = arguments[n]
+            return rest(kwargs)
+    slow = _validate.slow_checks()
     kwargs = _validate.bind(op, arguments)
+    rest = _prepare(op)(op.name, kwargs)
+    if key is not None and _validate.slow_checks() == slow:
+        passed, fixed = [], {a.name: kwargs[a.name] for a in op.attrs}
+        for i in op.inputs:
+            v = arguments[i.name]
+            if type(v) is np.ndarray:
+                if kwargs[i.name] is not v:
+                    return rest(kwargs)  # (converted: not cached)
+                passed.append(i.name)
+            else:  # a shape input given as ints: its array, read-only as it is shared
+                fixed[i.name] = kwargs[i.name]
+                kwargs[i.name].flags.writeable = False
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[key] = (rest, fixed, tuple(passed))
+    return rest(kwargs)
+
+
+def run(op: OpDef, arguments: dict[str, Any], key: Any = _NO) -> Any:
+    """Validate ``arguments`` for ``op`` (every input and attr given, as ``raw_ops.<Op>``
+    takes them) and run it: the result as the family returns it (an array, or a tuple).
+    ``key``: the call's ``signature``, where the caller has it."""
     try:
-        result = _impl(op)(**kwargs)
+        return _run(op, arguments, key)
     except MemoryError as e:  # a last line of defence: check_alloc should come first
         raise ResourceLimitError(f"{op.name}: out of memory ({e})") from None
+
+
+def call(op: OpDef, arguments: dict[str, Any]) -> Any:
+    """Validate ``arguments`` for ``op`` and run it."""
+    result = run(op, arguments)
     if len(op.outputs) == 1:
         return result
     return _OUTPUT_TYPES[op.name](*result)
@@ -158,3 +307,4 @@ from ._opdefs import OPS  # noqa: E402
 _OUTPUT_TYPES: dict[str, Any] = {
     name: output_type(op) for name, op in OPS.items() if len(op.outputs) > 1
 }
+_KEYS.update((name, _key_function(op)) for name, op in OPS.items())

@@ -12,6 +12,7 @@ from TF and the tests that pin them: docs/depthwise_conv.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,20 @@ from .._validate import check_alloc, check_float32_copies, overflow_words, shape
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
+
+
+_DISPATCH: Any = None
+
+
+def _dispatch() -> Any:
+    """``tfgrad.dispatch.depthwise_conv``, imported on first use (an import statement in the
+    functions cost ~0.5 us a call)."""
+    global _DISPATCH
+    if _DISPATCH is None:
+        from ..dispatch import depthwise_conv
+
+        _DISPATCH = depthwise_conv
+    return _DISPATCH
 
 
 # --------------------------------------------------------------------------------------
@@ -314,10 +329,36 @@ def _nhwc_shape(shape: tuple[int, ...], nchw: bool) -> tuple[int, ...]:
     return (shape[0], shape[2], shape[3], shape[1]) if nchw else tuple(shape)
 
 
+def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], np.ndarray]:
+    """``check`` (the geometry); returns the rest of the op, a function of the arguments
+    (``tfgrad._api`` keeps it per signature)."""
+    geo, a = _checked(op, args)
+    if op == "DepthwiseConv2dNative":
+        if a.nchw or geo.N * geo.oh * geo.ow * geo.C * geo.M == 0:
+            return lambda k: _forward(k["input"], k["filter"], geo, a)
+
+        def forward_nhwc(k: dict[str, Any]) -> np.ndarray:  # (_forward's common case)
+            with flush_denormals():
+                if _config.use_reference():
+                    with np.errstate(all="ignore"):
+                        return forward_reference(k["input"], k["filter"], geo)
+                return _dispatch().forward(k["input"], k["filter"], geo)
+
+        return forward_nhwc
+    if op == "DepthwiseConv2dNativeBackpropInput":
+        return lambda k: _backprop_input(k["filter"], k["out_backprop"], geo, a)
+    assert op == "DepthwiseConv2dNativeBackpropFilter", op
+    return lambda k: _backprop_filter(k["input"], k["out_backprop"], geo, a)
+
+
 def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[int, ...],
                           padding: str, explicit_paddings: tuple[int, ...], data_format: str,
                           dilations: tuple[int, ...]) -> np.ndarray:
     geo, a = _checked("DepthwiseConv2dNative", locals())
+    return _forward(input, filter, geo, a)
+
+
+def _forward(input: np.ndarray, filter: np.ndarray, geo: Geometry, a: _Attrs) -> np.ndarray:
     if geo.N * geo.oh * geo.ow * geo.C * geo.M == 0:  # nothing to compute: never copy a
         return _back(np.zeros((geo.N, geo.oh, geo.ow, geo.C * geo.M), input.dtype), a.nchw)
     x = _nhwc(input, a.nchw)
@@ -326,8 +367,7 @@ def DepthwiseConv2dNative(input: np.ndarray, filter: np.ndarray, strides: tuple[
             with np.errstate(all="ignore"):  # inf and NaN propagate as in TF
                 out = forward_reference(x, filter, geo)
         else:
-            from ..dispatch import depthwise_conv as K
-
+            K = _dispatch()
             out = K.forward(x, filter, geo)
     return _back(out, a.nchw)
 
@@ -338,6 +378,11 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
                                        data_format: str,
                                        dilations: tuple[int, ...]) -> np.ndarray:
     geo, a = _checked("DepthwiseConv2dNativeBackpropInput", locals())
+    return _backprop_input(filter, out_backprop, geo, a)
+
+
+def _backprop_input(filter: np.ndarray, out_backprop: np.ndarray, geo: Geometry,
+                    a: _Attrs) -> np.ndarray:
     sizes = _out_shape((geo.N, geo.H, geo.W, geo.C), a.nchw)
     if out_backprop.size == 0 or filter.size == 0:  # an empty sum: zeros, no input copies
         return np.zeros(sizes, filter.dtype)
@@ -347,8 +392,7 @@ def DepthwiseConv2dNativeBackpropInput(input_sizes: np.ndarray, filter: np.ndarr
             with np.errstate(all="ignore"):
                 out = backprop_input_reference(filter, g, geo)
         else:
-            from ..dispatch import depthwise_conv as K
-
+            K = _dispatch()
             out = K.backprop_input(filter, g, geo)
     return _back(out, a.nchw)
 
@@ -359,6 +403,11 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
                                         data_format: str,
                                         dilations: tuple[int, ...]) -> np.ndarray:
     geo, a = _checked("DepthwiseConv2dNativeBackpropFilter", locals())
+    return _backprop_filter(input, out_backprop, geo, a)
+
+
+def _backprop_filter(input: np.ndarray, out_backprop: np.ndarray, geo: Geometry,
+                     a: _Attrs) -> np.ndarray:
     sizes = (geo.fh, geo.fw, geo.C, geo.M)
     if out_backprop.size == 0 or math.prod(sizes) == 0:  # an empty sum: zeros, no copies
         return np.zeros(sizes, input.dtype)
@@ -367,8 +416,7 @@ def DepthwiseConv2dNativeBackpropFilter(input: np.ndarray, filter_sizes: np.ndar
         if _config.use_reference():
             with np.errstate(all="ignore"):
                 return backprop_filter_reference(x, g, geo)
-        from ..dispatch import depthwise_conv as K
-
+        K = _dispatch()
         return K.backprop_filter(x, g, geo)
 
 

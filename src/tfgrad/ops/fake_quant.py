@@ -12,6 +12,7 @@ docs/fake_quant.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -34,6 +35,20 @@ _ZERO = F32(0.0)
 # 0)) over a flat tensor (Vars) and over a chip of a matrix (PerChannel).
 COST_FLAT = 67 / 16
 COST_CHIP = 75 / 16
+
+
+_DISPATCH: Any = None
+
+
+def _dispatch() -> Any:
+    """``tfgrad.dispatch.fake_quant``, imported on first use (an import statement in the
+    functions cost ~0.5 us a call)."""
+    global _DISPATCH
+    if _DISPATCH is None:
+        from ..dispatch import fake_quant
+
+        _DISPATCH = fake_quant
+    return _DISPATCH
 
 
 # --------------------------------------------------------------------------------------
@@ -215,8 +230,7 @@ def _bits(num_bits: int) -> int:
 def _quantize(x: np.ndarray, p: Nudged, divide: bool) -> np.ndarray:
     if _config.use_reference():
         return _ref_quantize(x, p, divide)
-    from ..dispatch import fake_quant as D
-
+    D = _dispatch()
     return D.quantize(x, p, divide)
 
 
@@ -233,8 +247,7 @@ def _gradient(g: np.ndarray, x: np.ndarray, p: Nudged
                                    p if per_channel else p.as_channel(), cost)
         dx = dx.reshape(x.shape)
         return (dx, dmin, dmax) if per_channel else (dx, dmin[0], dmax[0])
-    from ..dispatch import fake_quant as D
-
+    D = _dispatch()
     return D.gradient(g, x, p, cost)
 
 
@@ -242,8 +255,7 @@ def _elementwise_grad(g: np.ndarray, x: np.ndarray, p: Nudged) -> np.ndarray:
     if _config.use_reference():
         return _ref_grad(g.reshape(-1, 1), x.reshape(-1, 1), p.as_channel(),
                          COST_FLAT)[0].reshape(x.shape)
-    from ..dispatch import fake_quant as D
-
+    D = _dispatch()
     return D.mask_gradient(g, x, p)
 
 
@@ -279,46 +291,71 @@ def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {}
 
 
+def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    """``check`` and what follows from the attrs alone (Args' nudged range); returns the
+    rest of the op, a function of the arguments (``tfgrad._api`` keeps it per signature)."""
+    check(op, args)
+    bits, narrow = args["num_bits"], args["narrow_range"]
+    if op == "FakeQuantWithMinMaxArgs":
+        p = nudge(*_args_range(args["min"], args["max"]), bits, narrow)
+        return lambda a: _quantize(a["inputs"], p, divide=False)
+    if op == "FakeQuantWithMinMaxArgsGradient":
+        p = nudge(*_args_range(args["min"], args["max"]), bits, narrow)
+        return lambda a: _elementwise_grad(a["gradients"], a["inputs"], p)
+    if op == "FakeQuantWithMinMaxVars":
+        return lambda a: _quantize(a["inputs"], nudge(a["min"], a["max"], bits, narrow),
+                                   divide=True)
+    if op == "FakeQuantWithMinMaxVarsGradient":
+        def vars_gradient(a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            dx, dmin, dmax = _gradient(a["gradients"], a["inputs"],
+                                       nudge(a["min"], a["max"], bits, narrow))
+            return dx, np.asarray(dmin, F32).reshape(()), np.asarray(dmax, F32).reshape(())
+        return vars_gradient
+    if op == "FakeQuantWithMinMaxVarsPerChannel":
+        return lambda a: _quantize(a["inputs"], nudge(a["min"], a["max"], bits, narrow),
+                                   divide=False)
+    assert op == "FakeQuantWithMinMaxVarsPerChannelGradient", op
+    return lambda a: _gradient(a["gradients"], a["inputs"],
+                               nudge(a["min"], a["max"], bits, narrow))
+
+
 def FakeQuantWithMinMaxArgs(*, inputs: np.ndarray, min: float, max: float, num_bits: int,
                             narrow_range: bool) -> np.ndarray:
-    check("FakeQuantWithMinMaxArgs", locals())
-    p = nudge(*_args_range(min, max), num_bits, narrow_range)
-    return _quantize(inputs, p, divide=False)
+    args = locals()
+    return prepare("FakeQuantWithMinMaxArgs", args)(args)
 
 
 def FakeQuantWithMinMaxArgsGradient(*, gradients: np.ndarray, inputs: np.ndarray, min: float,
                                     max: float, num_bits: int, narrow_range: bool
                                     ) -> np.ndarray:
-    check("FakeQuantWithMinMaxArgsGradient", locals())
-    p = nudge(*_args_range(min, max), num_bits, narrow_range)
-    return _elementwise_grad(gradients, inputs, p)
+    args = locals()
+    return prepare("FakeQuantWithMinMaxArgsGradient", args)(args)
 
 
 def FakeQuantWithMinMaxVars(*, inputs: np.ndarray, min: np.ndarray, max: np.ndarray,
                             num_bits: int, narrow_range: bool) -> np.ndarray:
-    check("FakeQuantWithMinMaxVars", locals())
-    return _quantize(inputs, nudge(min, max, num_bits, narrow_range), divide=True)
+    args = locals()
+    return prepare("FakeQuantWithMinMaxVars", args)(args)
 
 
 def FakeQuantWithMinMaxVarsGradient(*, gradients: np.ndarray, inputs: np.ndarray,
                                     min: np.ndarray, max: np.ndarray, num_bits: int,
                                     narrow_range: bool
                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    check("FakeQuantWithMinMaxVarsGradient", locals())
-    dx, dmin, dmax = _gradient(gradients, inputs, nudge(min, max, num_bits, narrow_range))
-    return dx, np.asarray(dmin, F32).reshape(()), np.asarray(dmax, F32).reshape(())
+    args = locals()
+    return prepare("FakeQuantWithMinMaxVarsGradient", args)(args)
 
 
 def FakeQuantWithMinMaxVarsPerChannel(*, inputs: np.ndarray, min: np.ndarray,
                                       max: np.ndarray, num_bits: int, narrow_range: bool
                                       ) -> np.ndarray:
-    check("FakeQuantWithMinMaxVarsPerChannel", locals())
-    return _quantize(inputs, nudge(min, max, num_bits, narrow_range), divide=False)
+    args = locals()
+    return prepare("FakeQuantWithMinMaxVarsPerChannel", args)(args)
 
 
 def FakeQuantWithMinMaxVarsPerChannelGradient(*, gradients: np.ndarray, inputs: np.ndarray,
                                               min: np.ndarray, max: np.ndarray, num_bits: int,
                                               narrow_range: bool
                                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    check("FakeQuantWithMinMaxVarsPerChannelGradient", locals())
-    return _gradient(gradients, inputs, nudge(min, max, num_bits, narrow_range))
+    args = locals()
+    return prepare("FakeQuantWithMinMaxVarsPerChannelGradient", args)(args)

@@ -20,7 +20,7 @@ import torch
 from .. import _api, _validate, raw_ops
 from .._errors import InvalidArgumentError
 from .._opdefs import OPS, OpDef
-from ._ops import OPERATORS, takes_seeds
+from ._ops import EAGER, FALLBACK, OPERATORS, plain_eager, takes_seeds
 
 
 def _as_ints(v: Any) -> list[int]:
@@ -106,8 +106,38 @@ def make_function(op: OpDef) -> Callable[..., Any]:
     # torch's argument parser turns any number into a bool; TF's binding refuses them
     bools = [(names.index(a.name), a.name) for a in op.attrs if a.type == "bool"]
 
+    params = [n for n in names if n != "name"]
+    known = frozenset(params)
+    eager = EAGER[op.name]
+
+    def eager_call(args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The call without the dispatcher (``_ops.invoke``), or FALLBACK."""
+        if len(args) > len(params):
+            return FALLBACK
+        a = dict(zip(params, args))
+        for k, v in kwargs.items():
+            if k in a or k not in known:
+                return FALLBACK
+            a[k] = v
+        for n in shape_inputs:
+            if n in a:
+                v = a[n]
+                if type(v) is not list:
+                    try:
+                        a[n] = _as_ints(v)
+                    except Exception:  # (the operator's path says what is wrong)
+                        return FALLBACK
+        if seeds and (isinstance(a.get("seed"), torch.Tensor)
+                      or isinstance(a.get("seed2"), torch.Tensor)):
+            return FALLBACK
+        return eager(a)
+
     def fn(*args: Any, **kwargs: Any) -> Any:
         kwargs.pop("name", None)
+        if not torch.compiler.is_compiling() and plain_eager():
+            out = eager_call(args, kwargs)
+            if out is not FALLBACK:
+                return output(*out) if output is not None else out
         try:
             out = call(args, kwargs)
         except RuntimeError as e:  # the dispatcher's argument parsing: a wrong type

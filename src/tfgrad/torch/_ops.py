@@ -31,8 +31,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
-from .. import _gradients, _shapes, raw_ops
+from .. import _api, _gradients, _shapes, raw_ops
 from .._errors import InvalidArgumentError
 from .._opdefs import OPS, REQUIRED, Attr, OpDef
 
@@ -360,79 +361,111 @@ def _fake(op: OpDef) -> Callable[..., Any]:
 # --------------------------------------------------------------------------------------
 # Autograd, from the gradient table
 # --------------------------------------------------------------------------------------
-def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """setup_context and backward for the operator's autograd, and setup_context on the
+    arguments by name (the eager calls')."""
     bind = _Binder(op)
     out_names = [o.name for o in op.outputs]
     input_names = [i.name for i in op.inputs]
     # (an op TF gives no gradient keeps its outputs differentiable: the backward raises)
     diff_outputs = set(_gradients.differentiable_outputs(op.name)
                        if _gradients.has_gradient(op.name) else out_names)
+    non_diff = [k for k, n in enumerate(out_names) if n not in diff_outputs]
 
     tensor_inputs = [i.name for i in op.inputs if not i.is_shape]
+    rest_names = [n for n in bind.names if n not in tensor_inputs]  # (seeds: a tensor)
+    attr_names = [at.name for at in op.attrs]
     when = sorted({k for c in _gradients.GRADIENTS.get(op.name, ()) for k in c.when})
-    saves: dict[tuple, list[tuple[str, str]]] = {}
+    shaped = sorted({src.name for c in _gradients.GRADIENTS.get(op.name, ())
+                     for src in c.args.values() if src.kind == "shape"})
+    n_rest = len(bind.names) - len(input_names)
+    linearised = op.name in _gradients.LINEARISED
+    plans: dict[tuple, tuple[list[tuple[str, str]], list[Any]]] = {}
 
-    def to_save(a: dict[str, Any]) -> list[tuple[str, str]]:
-        """What the backward reads, per value of the attrs that choose the calls (a
-        running statistic updated in place after the forward, as batch norm's in
-        inference, must not be saved when unused)."""
+    def plan(a: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Any]]:
+        """What the backward reads (a running statistic updated in place after the
+        forward, as batch norm's in inference, must not be saved when unused) and the
+        gradient calls, per value of the attrs that choose the calls."""
         key = tuple(a[k] for k in when)
-        if key not in saves:
-            attrs = {at.name: a[at.name] for at in op.attrs}
-            need = {(src.kind, src.name) for c in _gradients.calls(op.name, attrs)
+        found = plans.get(key)
+        if found is None:
+            attrs = {n: a[n] for n in attr_names}
+            calls = _gradients.calls(op.name, attrs)
+            need = {(src.kind, src.name) for c in calls
                     for src in c.args.values() if src.kind in ("input", "output")}
-            if op.name in _gradients.LINEARISED:
+            if linearised:
                 need |= {("input", n) for n in tensor_inputs}
-            saves[key] = sorted(need)
-        return saves[key]
+            steps = []
+            for c in calls:
+                grad_outs = [o.name for o in OPS[c.op].outputs]
+                steps.append((c.op,
+                              [input_names.index(k) for k in c.gives],
+                              [(name, src.kind, src.name,
+                                out_names.index(src.name) if src.kind == "grad" else -1)
+                               for name, src in c.args.items()],
+                              [at.name for at in OPS[c.op].attrs],
+                              [(input_names.index(k), grad_outs.index(g))
+                               for k, g in c.gives.items()]))
+            found = plans[key] = (sorted(need), steps)
+        return found
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        a = bind(inputs, {})
-        outs = dict(zip(out_names, output if isinstance(output, tuple) else (output,)))
-        ctx.bound = {k: v for k, v in a.items() if not isinstance(v, torch.Tensor)}
-        ctx.shapes = {n: tuple(a[n].shape) for n in tensor_inputs}
-        ctx.outs = {n: (t.shape, t.dtype, t.device) for n, t in outs.items()}
-        need = to_save(a)
+        setup(ctx, bind(inputs, {}), output)
+
+    def setup(ctx: Any, a: dict[str, Any], output: Any) -> None:
+        """setup_context on the arguments by name (every one given)."""
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.bound = {n: a[n] for n in rest_names if not isinstance(a[n], torch.Tensor)}
+        ctx.shapes = {n: tuple(a[n].shape) for n in shaped}
+        # (what a missing incoming gradient is replaced by: zeros of the output's shape)
+        ctx.outs = [(t.shape, t.dtype) for t in outs]
+        need, ctx.steps = plan(a)
         ctx.names = [n for _, n in need]
-        ctx.save_for_backward(*(a[n] if k == "input" else outs[n] for k, n in need))
-        ctx.mark_non_differentiable(*(t for n, t in outs.items() if n not in diff_outputs))
+        ctx.save_for_backward(*(a[n] if k == "input" else outs[out_names.index(n)]
+                                for k, n in need))
+        if non_diff:
+            ctx.mark_non_differentiable(*(outs[k] for k in non_diff))
 
     def backward(ctx: Any, *grads: Any) -> tuple:
         saved = dict(zip(ctx.names, ctx.saved_tensors))
-        attrs = {at.name: ctx.bound[at.name] for at in op.attrs}
-        got: dict[str, Any] = {}
-        if op.name in _gradients.LINEARISED:
+        result: list[Any] = [None] * len(input_names)
+        if linearised:
             got = _linearised_vjp(op, saved, ctx.bound, dict(zip(out_names, grads)))
+            for k, n in enumerate(input_names):
+                result[k] = got.get(n)
         elif op.name not in _gradients.GRADIENTS:
             raise RuntimeError(
                 f"tfgrad.torch: TF registers no gradient for {op.name}, so it has no "
                 "derivative here: take the first gradient without create_graph=True (or "
                 "detach it).")
-        for call in _gradients.calls(op.name, attrs):
-            if not any(ctx.needs_input_grad[input_names.index(k)] for k in call.gives):
+        needs = ctx.needs_input_grad
+        bound = ctx.bound
+        for grad_op, gives, sources, attrs, into in ctx.steps:
+            if not any(needs[k] for k in gives):
                 continue
             args: dict[str, Any] = {}
-            for name, src in call.args.items():
-                if src.kind == "shape":
-                    args[name] = list(ctx.shapes[src.name])
-                elif src.kind == "grad":
-                    g = grads[out_names.index(src.name)]
+            for name, kind, src, index in sources:
+                if kind == "grad":
+                    g = grads[index]
                     if g is None:
-                        shape, dtype, device = ctx.outs[src.name]
+                        shape, dtype = ctx.outs[index]
+                        device = next((t.device for t in (*grads, *saved.values())
+                                       if t is not None), torch.device("cpu"))
                         g = torch.zeros(shape, dtype=dtype, device=device)
                     args[name] = g
+                elif kind == "shape":
+                    args[name] = list(ctx.shapes[src])
                 else:
-                    args[name] = saved[src.name]
-            res = OPERATORS[call.op](**args, **call.attrs(attrs))
+                    args[name] = saved[src]
+            for n in attrs:
+                args[n] = bound[n]
+            res = invoke(grad_op, args)
             res = res if isinstance(res, tuple) else (res,)
-            grad_outs = [o.name for o in OPS[call.op].outputs]
-            for fwd_input, grad_output in call.gives.items():
-                got[fwd_input] = res[grad_outs.index(grad_output)]
-        result = [got.get(n) for n in input_names]
-        n_rest = len(bind.names) - len(input_names)
-        return tuple(result) + (None,) * n_rest
+            for k, r in into:
+                result[k] = res[r]
+        return (*result, *(None,) * n_rest)
 
-    return setup_context, backward
+    return setup_context, backward, setup
 
 
 def _linearised_vjp(op: OpDef, saved: dict[str, torch.Tensor], bound: dict[str, Any],
@@ -563,6 +596,158 @@ def _register_autocast(op: OpDef) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Eager calls on CPU tensors, around the dispatcher
+# --------------------------------------------------------------------------------------
+# torch.library's custom operators cost tens of microseconds a call in Python (argument
+# parsing, the autograd and backend wrappers, an autograd.Function that binds its
+# arguments per call), more than a small op's kernel. Eager calls whose every tensor is a
+# plain dense CPU tensor and whose attrs are plain Python values of the schema's types,
+# made where nothing observes or transforms the operators (no torch.compile or tracing,
+# no functorch transform, no dispatch or torch-function mode, no autocast, no profiler,
+# no forward AD, not use_impl("portable")), run the exact kernels directly: the same
+# checks (tfgrad.raw_ops'), the same outputs (fresh tensors), the same autograd node (an
+# autograd.Function of the same name with the operator's setup_context and backward).
+# Every other call, and every call this path cannot prove valid for the dispatcher (it
+# then raises the dispatcher's own error), goes through the operator.
+FALLBACK = object()
+"""What an eager call returns when the call must go through the operator."""
+
+_C = torch._C
+_STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def plain_eager() -> bool:
+    """Whether calls may bypass the dispatcher now (see above). Call it after
+    ``torch.compiler.is_compiling()``, which dynamo folds to a constant."""
+    return not (_impl == "portable" or _C._are_functorch_transforms_active()
+                or _C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
+                or _C._is_any_autocast_enabled() or _C._get_tracing_state() is not None
+                or _C._autograd._profiler_enabled() or _forward_ad._current_level >= 0)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    try:
+        return t.numpy() if not t.requires_grad else t.detach().numpy()
+    except (RuntimeError, TypeError):  # (a negative bit; bfloat16)
+        return to_numpy(t)
+
+
+def _tensor(a: Any) -> torch.Tensor:
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
+    if a.dtype == _BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _owned(outs: Sequence[Any]) -> bool:
+    """Whether the outputs provably alias no input and no other output: each is, or is a
+    view of, an array NumPy allocated (an input's memory is torch's), and no two share
+    one (else ``_fresh`` decides, on the tensors)."""
+    roots = []
+    for o in outs:
+        if type(o) is not np.ndarray:
+            return False
+        while o.base is not None:
+            o = o.base
+            if type(o) is not np.ndarray:
+                return False
+        if not o.flags.owndata:
+            return False
+        roots.append(id(o))
+    return len(roots) == 1 or len(set(roots)) == len(roots)
+
+
+def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
+    """``op``'s eager call on its arguments by name (the schema's; missing ones take the
+    schema's defaults), or FALLBACK. The attrs' types are those of ``_api.signature``,
+    which takes exactly what torch's argument parser takes and tfgrad's checks accept
+    (ints, floats or ints for floats, bools, strings, lists or tuples of those)."""
+    names = _Binder(op).names
+    optional = tuple(_Binder(op).defaults.items())
+    n_names = len(names)
+    tensor_inputs = tuple((i.name, tuple(getattr(torch, d) for d in _ALLOWED[op.name, i.name]))
+                          for i in op.inputs if not i.is_shape)
+    others = tuple(i.name for i in op.inputs if i.is_shape) + tuple(a.name for a in op.attrs)
+    n_out = len(op.outputs)
+    seeds = takes_seeds(op)
+    _, backward, setup = _autograd(op)
+
+    def finish(a: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
+        out = _api.run(op, arguments, key)
+        out = tuple(out) if n_out > 1 else (out,)
+        outs = tuple(_tensor(o) for o in out)
+        if not _owned(out):
+            outs = _fresh(outs, [a[n] for n, _ in tensor_inputs])
+        return outs if n_out > 1 else outs[0]
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        a = dict(zip(names, args))
+        out = finish(a, *args[-1])
+        setup(ctx, a, out)
+        return out
+
+    def backward_eager(ctx: Any, *grads: Any) -> tuple:
+        return (*backward(ctx, *grads), None)
+
+    function = type(f"GeneratedBackwardFor_{NAMESPACE}_{op.snake_name}_default",
+                    (torch.autograd.Function,),
+                    {"forward": staticmethod(forward),
+                     "backward": staticmethod(backward_eager)})
+    # (autograd.Function.apply in C, without the Python classmethod's work for functorch,
+    # which plain_eager() has excluded: ~1.5 us)
+    apply = super(torch.autograd.Function, function).apply  # type: ignore[misc]
+
+    def call(a: dict[str, Any]) -> Any:
+        if len(a) != n_names:  # (a missing required argument falls back)
+            for n, v in optional:
+                if n not in a:
+                    a[n] = v
+            if len(a) != n_names:
+                return FALLBACK
+        grad = False
+        arguments: dict[str, Any] = {}
+        for n, allowed in tensor_inputs:
+            t = a[n]
+            if (type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED
+                    or t.dtype not in allowed):
+                return FALLBACK
+            if t.requires_grad:
+                grad = True
+            arguments[n] = _numpy(t)
+        for n in others:
+            arguments[n] = a[n]
+        if seeds:
+            t = a["seeds"]
+            if t is not None:
+                if type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED:
+                    return FALLBACK
+                if t.requires_grad:
+                    grad = True
+                arguments.update(_seed_attrs(a))
+        key = _api.signature(op, arguments)
+        if key is None:
+            return FALLBACK
+        if grad and _C.is_grad_enabled():
+            return apply(*[a[n] for n in names], (arguments, key))
+        return finish(a, arguments, key)
+
+    return call
+
+
+def invoke(op_name: str, kwargs: dict[str, Any]) -> Any:
+    """The operator ``op_name`` on ``kwargs``: an eager call where it may, else through
+    the dispatcher."""
+    if not torch.compiler.is_compiling() and plain_eager():
+        out = EAGER[op_name](dict(kwargs))
+        if out is not FALLBACK:
+            return out
+    return OPERATORS[op_name](**kwargs)
+
+
+# --------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------
 def _register(op: OpDef) -> Any:
@@ -570,7 +755,7 @@ def _register(op: OpDef) -> Any:
                                    mutates_args=(), schema=schema(op))
     defn.register_kernel("cpu", _kernel(op, cpu=True))
     defn.register_fake(_fake(op))
-    setup_context, backward = _autograd(op)
+    setup_context, backward, _ = _autograd(op)
     defn.register_autograd(backward, setup_context=setup_context)
     defn.register_vmap(_vmap(op))
     return getattr(getattr(torch.ops, NAMESPACE), op.snake_name).default
@@ -579,9 +764,13 @@ def _register(op: OpDef) -> Any:
 OPERATORS: dict[str, Any] = {}
 """TF op name -> its operator (``torch.ops.tfgrad.<op_name>.default``)."""
 
+EAGER: dict[str, Callable[[dict[str, Any]], Any]] = {}
+"""TF op name -> its eager call (see ``invoke``)."""
+
 for _op in OPS.values():
     OPERATORS[_op.name] = _register(_op)
     _register_autocast(_op)
+    EAGER[_op.name] = _eager(_op)
 del _op
 
 __all__ = ["OPERATORS", "autocast_rules", "current_impl", "schema", "use_impl"]
