@@ -192,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15, help="rounds of interleaved samples")
     p.add_argument("--calls", type=int, default=1000, help="calls per sample")
     p.add_argument("--no-step", action="store_true", help="tiny calls only")
+    p.add_argument("--qat", action="store_true",
+                   help="also a tfmot QAT training step: tfmot in TF against tfgrad.torch.qat "
+                        "and tfgrad.jax.qat (benchmarks/qat_step.py; MobileNetV2, or its "
+                        "small CNN with --smoke; needs the test extra)")
     p.add_argument("--json", help="also write the results as JSON")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: this process's CPU time (steadier on a shared machine; the "
@@ -218,10 +222,23 @@ def main(argv: list[str] | None = None) -> int:
     if step is not None:
         print(f"torch example: one training step (batch 32, 24x24): {step['median']:.2f} ms "
               f"[{step['min']:.2f}, {step['max']:.2f}]")
+    qat = None
+    if args.qat:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import qat_step
+
+        model = "cnn" if args.smoke else "mobilenet_v2"
+        qat = qat_step.measure(args.smoke, 32, model)
+        ref = qat["tfmot in TF (Eigen)"]["median_ms"]
+        print(f"QAT {model} training step, batch 32: ms median [min, max], ratio to tfmot "
+              "in TF-Eigen")
+        for k, v in qat.items():
+            print(f"  {k:<34}  {v['median_ms']:8.1f}  [{v['min_ms']:.1f}, {v['max_ms']:.1f}]"
+                  f"  {v['median_ms'] / ref:5.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"times_us": times, "overheads_us": overheads, "training_step_ms": step},
-            indent=1))
+            {"times_us": times, "overheads_us": overheads, "training_step_ms": step,
+             "qat_step_ms": qat}, indent=1))
     return 0
 
 

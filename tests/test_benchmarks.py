@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -126,10 +126,18 @@ def test_adapter_benchmark_smoke(tmp_path):
 
     pytest.importorskip("torch")
     out = tmp_path / "adapters.json"
+    qat = importlib.util.find_spec("tensorflow_model_optimization") is not None and \
+        importlib.util.find_spec("jax") is not None
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapters.py"), "--smoke",
-                        "--json", str(out)], capture_output=True, text=True, timeout=900)
+                        "--json", str(out)] + (["--qat"] if qat else []),
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
+    if qat:  # the QAT step: tfmot in TF (both builds), tfgrad.torch.qat, tfgrad.jax.qat
+        assert {"tfmot in TF (Eigen)", "tfmot in TF (oneDNN, default)",
+                "tfgrad.torch.qat (eager)", "tfgrad.jax.qat (jit, exact)"} <= set(
+            data["qat_step_ms"])
+        assert all(v["median_ms"] > 0 for v in data["qat_step_ms"].values())
     assert all(v["median"] > 0 for v in data["times_us"].values())
     assert data["training_step_ms"]["median"] > 0
     for path in ("raw_ops over the kernel", "tfgrad.torch forward over the kernel",
