@@ -38,19 +38,12 @@ LR = 0.05
 WORLD = 2
 
 
-def batches(shape: tuple[int, ...], nout: int, steps: int, batch: int
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    rng = np.random.default_rng(7)
-    xs = [rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(steps)]
-    cs = [rng.standard_normal((batch, nout)).astype(np.float32) for _ in range(steps)]
-    return xs, cs
-
 
 def tf_reference(path: str, onednn: bool, steps: int, batch: int) -> dict:
     from tfgrad.testing import qat as models
 
     k = models.load_tf(path, onednn=onednn)
-    xs, cs = batches(models.input_shape(k), int(k.output_shape[-1]), steps, batch)
+    xs, cs = models.batches(k, steps, batch)
     return {"xs": xs, "cs": cs, "steps": models.tf_steps(k, xs, cs, LR)}
 
 

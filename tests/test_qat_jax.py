@@ -60,15 +60,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]
     return {name: models.tfmot_qat(name, folder) for name in models.MODELS}
 
 
-def _batches(model: object, n: int = STEPS, batch: int = 4
-             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    rng = np.random.default_rng(7)  # the batches tests/test_qat_torch.py uses
-    shape = models.input_shape(model)
-    nout = model.output_shape[-1]  # type: ignore[attr-defined]
-    xs = [rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(n)]
-    cs = [rng.standard_normal((batch, nout)).astype(np.float32) for _ in range(n)]
-    return xs, cs
-
 
 def _step_fn(m: jq.KerasModel) -> object:
     def loss(params: dict, state: dict, x: object, c: object) -> tuple:
@@ -95,12 +86,6 @@ def _jax_steps(m: jq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]
     return out, {"params": params, "state": state}
 
 
-def _by_name(weights: dict[str, list]) -> dict[str, np.ndarray]:
-    return {n: v for layer in weights.values() for n, v in layer}
-
-
-def _named_tf(names: dict[str, list], weights: dict[str, list[np.ndarray]]) -> dict:
-    return {n: v for layer, ws in weights.items() for (n, _), v in zip(names[layer], ws)}
 
 
 @pytest.mark.parametrize("name", list(models.MODELS))
@@ -109,7 +94,7 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
     after step 1 (bit for bit), and the other variables within the measured bounds."""
     k = models.load_tf(saved[name][1])
     m = jq.load_keras(saved[name][1])
-    xs, cs = _batches(k)
+    xs, cs = models.batches(k, STEPS, 4)
     ref = models.tf_steps(k, xs, cs, LR)
     got, _ = _jax_steps(m, xs, cs)
     fog = FOG.get(name, STEPS)
@@ -119,12 +104,13 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
     names = m.keras_weights()
     exact = models.exact_ranges(m.plan)
     assert exact, "every model has ranges tfgrad computes alone"
-    tf1, jx1 = _named_tf(names, ref[0]["weights"]), _by_name(got[0]["weights"])
+    tf1, jx1 = models.named_like(names, ref[0]["weights"]), models.by_name(got[0]["weights"])
     assert set(tf1) == set(jx1)
     for n in exact:
         np.testing.assert_array_equal(jx1[n], tf1[n], err_msg=n, strict=True)
     for step in range(fog):
-        tfw, jxw = _named_tf(names, ref[step]["weights"]), _by_name(got[step]["weights"])
+        tfw = models.named_like(names, ref[step]["weights"])
+        jxw = models.by_name(got[step]["weights"])
         for n, v in tfw.items():
             assert jxw[n].dtype == v.dtype, n
             bound = W_BOUND.get(name, 2e-6) * (step + 1) * max(1.0, float(np.abs(v).max()))
@@ -137,7 +123,7 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
 def test_eval_matches_tfmot(saved: dict, name: str) -> None:
     k = models.load_tf(saved[name][1])
     m = jq.load_keras(saved[name][1])
-    xs, _ = _batches(k, 1)
+    xs, _ = models.batches(k, 1, 4)
     apply = jax.jit(m.apply, static_argnames=("training",))
     y, new = apply(m.variables, xs[0], training=False)
     ref = k(xs[0], training=False).numpy()
@@ -225,7 +211,7 @@ def test_save_keras_round_trip(saved: dict, tmp_path: object) -> None:
     outputs equal the port's, and every weight is the port's."""
     m = jq.load_keras(saved["cnn"][1])
     k = models.load_tf(saved["cnn"][1])
-    xs, cs = _batches(k, 2)
+    xs, cs = models.batches(k, 2, 4)
     _, trained = _jax_steps(m, xs, cs)
     out = os.path.join(str(tmp_path), "trained.h5")
     m.save_keras(trained, out)

@@ -36,15 +36,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]
     return {name: models.tfmot_qat(name, folder) for name in models.MODELS}
 
 
-def _batches(model: object, n: int = STEPS, batch: int = 4
-             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    rng = np.random.default_rng(7)
-    shape = models.input_shape(model)
-    nout = model.output_shape[-1]  # type: ignore[attr-defined]
-    xs = [rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(n)]
-    cs = [rng.standard_normal((batch, nout)).astype(np.float32) for _ in range(n)]
-    return xs, cs
-
 
 def _torch_steps(m: tq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]) -> list[dict]:
     out = []
@@ -61,12 +52,6 @@ def _torch_steps(m: tq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]) -
     return out
 
 
-def _by_name(weights: dict[str, list]) -> dict[str, np.ndarray]:
-    return {n: v for layer in weights.values() for n, v in layer}
-
-
-def _named_tf(names: dict[str, list], weights: dict[str, list[np.ndarray]]) -> dict:
-    return {n: v for layer, ws in weights.items() for (n, _), v in zip(names[layer], ws)}
 
 
 @pytest.mark.parametrize("name", list(models.MODELS))
@@ -75,7 +60,7 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
     after step 1 (bit for bit), and the other variables within the measured bounds."""
     k = models.load_tf(saved[name][1])
     m = tq.load_keras(saved[name][1])
-    xs, cs = _batches(k)
+    xs, cs = models.batches(k, STEPS, 4)
     ref = models.tf_steps(k, xs, cs, LR)
     got = _torch_steps(m, xs, cs)
     dy = np.abs(got[0]["y"] - ref[0]["y"]).max()
@@ -83,14 +68,15 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
     names = m.keras_weights()
     exact = models.exact_ranges(m.plan)
     assert exact, "every model has ranges tfgrad computes alone"
-    tf1, pt1 = _named_tf(names, ref[0]["weights"]), _by_name(got[0]["weights"])
+    tf1, pt1 = models.named_like(names, ref[0]["weights"]), models.by_name(got[0]["weights"])
     assert set(tf1) == set(pt1)
     for n in exact:
         np.testing.assert_array_equal(pt1[n], tf1[n], err_msg=n, strict=True)
     # MobileNetV2's updates are in the fog (docs/qat.md): a ulp in torch's convolution
     # backward flips straight-through masks, as TF's own oneDNN build does
     for step in range(STEPS if name != "mobilenet_v2" else 0):
-        tfw, ptw = _named_tf(names, ref[step]["weights"]), _by_name(got[step]["weights"])
+        tfw = models.named_like(names, ref[step]["weights"])
+        ptw = models.by_name(got[step]["weights"])
         for n, v in tfw.items():
             bound = 2e-6 * (step + 1) * max(1.0, float(np.abs(v).max()))
             assert np.abs(ptw[n].astype(np.float64) - v).max() <= bound, (step, n)
@@ -102,7 +88,7 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
 def test_eval_matches_tfmot(saved: dict, name: str) -> None:
     k = models.load_tf(saved[name][1])
     m = tq.load_keras(saved[name][1]).eval()
-    xs, _ = _batches(k, 1)
+    xs, _ = models.batches(k, 1, 4)
     y = m(torch.from_numpy(xs[0])).detach().numpy()
     ref = k(xs[0], training=False).numpy()
     assert np.abs(y - ref).max() <= Y_BOUND[name]
@@ -159,7 +145,7 @@ def test_save_keras_round_trip(saved: dict, tmp_path: object) -> None:
     outputs equal the port's, and every weight is the port's."""
     m = tq.load_keras(saved["cnn"][1])
     k = models.load_tf(saved["cnn"][1])
-    xs, cs = _batches(k, 2)
+    xs, cs = models.batches(k, 2, 4)
     _torch_steps(m, xs, cs)
     out = os.path.join(str(tmp_path), "trained.h5")
     tq.save_keras(m, out)

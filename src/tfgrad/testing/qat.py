@@ -171,6 +171,29 @@ def layer_weights(model: Any) -> dict[str, list[np.ndarray]]:
     return {layer.name: [w.numpy() for w in layer.weights] for layer in model.layers}
 
 
+def batches(model: Any, n: int, batch: int, seed: int = 7
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``n`` input batches for ``model`` (a tf_keras model) and the loss's ``c`` for each:
+    the same in every parity run of a seed."""
+    rng = np.random.default_rng(seed)
+    shape, nout = input_shape(model), int(model.output_shape[-1])
+    xs = [rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(n)]
+    cs = [rng.standard_normal((batch, nout)).astype(np.float32) for _ in range(n)]
+    return xs, cs
+
+
+def by_name(weights: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+    """A port's ``keras_weights()`` as one dict by weight name."""
+    return {n: v for layer in weights.values() for n, v in layer}
+
+
+def named_like(names: dict[str, list[tuple[str, Any]]], weights: dict[str, list[np.ndarray]]
+               ) -> dict[str, np.ndarray]:
+    """TF's per-layer weight values (:func:`layer_weights`) named as the port names them
+    (a loaded model's variables are named otherwise than the file's)."""
+    return {n: v for layer, ws in weights.items() for (n, _), v in zip(names[layer], ws)}
+
+
 def tf_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
              ) -> list[dict[str, Any]]:
     """Train ``model`` one SGD step per batch: loss ``sum(y * c)``, ``var -= lr * grad``.
