@@ -11,6 +11,7 @@ from TF and the tests that pin them: docs/depthwise_conv.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,18 +29,13 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
 
-_DISPATCH: Any = None
-
-
+@functools.cache
 def _dispatch() -> Any:
     """``tfgrad.dispatch.depthwise_conv``, imported on first use (an import statement in the
     functions cost ~0.5 us a call)."""
-    global _DISPATCH
-    if _DISPATCH is None:
-        from ..dispatch import depthwise_conv
+    from ..dispatch import depthwise_conv
 
-        _DISPATCH = depthwise_conv
-    return _DISPATCH
+    return depthwise_conv
 
 
 # --------------------------------------------------------------------------------------
