@@ -229,12 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = "cnn" if args.smoke else "mobilenet_v2"
         qat = qat_step.measure(args.smoke, 32, model)
-        ref = qat["tfmot in TF (Eigen)"]["median_ms"]
-        print(f"QAT {model} training step, batch 32: ms median [min, max], ratio to tfmot "
-              "in TF-Eigen")
-        for k, v in qat.items():
-            print(f"  {k:<34}  {v['median_ms']:8.1f}  [{v['min_ms']:.1f}, {v['max_ms']:.1f}]"
-                  f"  {v['median_ms'] / ref:5.2f}x")
+        qat_step.report(qat, model, 32)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"times_us": times, "overheads_us": overheads, "training_step_ms": step,

@@ -147,6 +147,15 @@ def measure(smoke: bool = False, batch: int = 32, model: str = "mobilenet_v2"
     return rows
 
 
+def report(rows: dict[str, dict], model: str, batch: int) -> None:
+    ref = rows["tfmot in TF (Eigen)"]["median_ms"]
+    print(f"QAT {model} training step, batch {batch} (ms: median [min, max]; ratio to "
+          "tfmot in TF-Eigen)")
+    for name, r in rows.items():
+        print(f"  {name:34s} {r['median_ms']:9.1f} [{r['min_ms']:.1f}, {r['max_ms']:.1f}]"
+              f"  {r['median_ms'] / ref:5.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="two steps each, no compile (CI)")
@@ -172,12 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = args.model or ("cnn" if args.smoke else "mobilenet_v2")
     rows = measure(args.smoke, args.batch, model)
-    ref = rows["tfmot in TF (Eigen)"]["median_ms"]
-    print(f"QAT {model} training step, batch {args.batch} (ms: median [min, max]; "
-          "ratio to tfmot in TF-Eigen)")
-    for name, r in rows.items():
-        print(f"  {name:34s} {r['median_ms']:9.1f} [{r['min_ms']:.1f}, {r['max_ms']:.1f}]"
-              f"  {r['median_ms'] / ref:5.2f}x")
+    report(rows, model, args.batch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -48,23 +48,12 @@ def tf_reference(path: str, onednn: bool, steps: int, batch: int) -> dict:
 
 
 def torch_steps(path: str, xs: list[np.ndarray], cs: list[np.ndarray]) -> list[dict]:
-    import torch
-
     import tfgrad.torch.qat as tq
+    from tfgrad.testing import qat as models
 
-    m = tq.load_keras(path).train()
-    lr = torch.tensor(LR)
-    out = []
-    for x, c in zip(xs, cs):
-        y = m(torch.from_numpy(x))
-        (y * torch.from_numpy(c)).sum().backward()
-        with torch.no_grad():
-            for p in m.parameters():
-                p.sub_(lr * p.grad)
-                p.grad = None
-        out.append({"y": y.detach().numpy(),
-                    "weights": {k: [v for _, v in ws] for k, ws in m.keras_weights().items()}})
-    return out
+    steps = models.torch_steps(tq.load_keras(path), xs, cs, LR)
+    return [{"y": s["y"], "weights": {k: [v for _, v in ws] for k, ws in s["weights"].items()}}
+            for s in steps]
 
 
 def distance(a: dict, b: dict, ranges: set[int]) -> tuple[float, int, int, int, int]:

@@ -107,13 +107,17 @@ def test_ops_reach_the_kernels_only_through_dispatch():
     assert _violations(("tfgrad.ops",), ("tfgrad.dispatch",), module_level_only=True) == []
 
 
-def test_op_modules_load_without_numba():
-    code = ("import sys, tfgrad._shapes\n"
-            "from tfgrad.ops import batch_norm, depthwise_conv, fake_quant, fractional_pool\n"
-            "assert 'numba' not in sys.modules, 'numba imported'")
+def _runs_clean(code: str) -> None:
+    """``code`` in a fresh interpreter (nothing imported yet) exits 0."""
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(SRC)))
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_op_modules_load_without_numba():
+    _runs_clean("import sys, tfgrad._shapes\n"
+                "from tfgrad.ops import batch_norm, depthwise_conv, fake_quant, fractional_pool\n"
+                "assert 'numba' not in sys.modules, 'numba imported'")
 
 
 def test_the_qat_plan_is_framework_neutral():
@@ -121,9 +125,6 @@ def test_the_qat_plan_is_framework_neutral():
     op layer; the adapters' builders read it, not the other way round."""
     assert _violations(("tfgrad.qat",), ("tfgrad.torch", "tfgrad.jax", "tfgrad.ops",
                                          "tfgrad.dispatch", "tfgrad.kernels")) == []
-    code = ("import sys, tfgrad.qat\n"
-            "bad = {'torch', 'jax', 'numba', 'tensorflow'} & set(sys.modules)\n"
-            "assert not bad, bad")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(SRC)))
-    assert p.returncode == 0, p.stderr[-2000:]
+    _runs_clean("import sys, tfgrad.qat\n"
+                "bad = {'torch', 'jax', 'numba', 'tensorflow'} & set(sys.modules)\n"
+                "assert not bad, bad")

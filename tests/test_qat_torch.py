@@ -37,19 +37,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]
 
 
 
-def _torch_steps(m: tq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]) -> list[dict]:
-    out = []
-    m.train()
-    lr = torch.tensor(LR, dtype=torch.float32)
-    for x, c in zip(xs, cs):
-        y = m(torch.from_numpy(x))
-        (y * torch.from_numpy(c)).sum().backward()
-        with torch.no_grad():
-            for p in m.parameters():
-                p.sub_(lr * p.grad)
-                p.grad = None
-        out.append({"y": y.detach().numpy(), "weights": m.keras_weights()})
-    return out
 
 
 
@@ -62,7 +49,7 @@ def test_trains_as_tfmot(saved: dict, name: str) -> None:
     m = tq.load_keras(saved[name][1])
     xs, cs = models.batches(k, STEPS, 4)
     ref = models.tf_steps(k, xs, cs, LR)
-    got = _torch_steps(m, xs, cs)
+    got = models.torch_steps(m, xs, cs, LR)
     dy = np.abs(got[0]["y"] - ref[0]["y"]).max()
     assert dy <= Y_BOUND[name], dy
     names = m.keras_weights()
@@ -146,7 +133,7 @@ def test_save_keras_round_trip(saved: dict, tmp_path: object) -> None:
     m = tq.load_keras(saved["cnn"][1])
     k = models.load_tf(saved["cnn"][1])
     xs, cs = models.batches(k, 2, 4)
-    _torch_steps(m, xs, cs)
+    models.torch_steps(m, xs, cs, LR)
     out = os.path.join(str(tmp_path), "trained.h5")
     tq.save_keras(m, out)
     back = models.load_tf(out)

@@ -214,6 +214,26 @@ def tf_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
     return out
 
 
+def torch_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
+                ) -> list[dict[str, Any]]:
+    """:func:`tf_steps` on a ``tfgrad.torch.qat`` module (torch imported here): per step
+    the training forward's output and ``model.keras_weights()`` after the update."""
+    import torch
+
+    model.train()
+    lr32 = torch.tensor(lr, dtype=torch.float32)
+    out = []
+    for x, c in zip(xs, cs):
+        y = model(torch.from_numpy(x))
+        (y * torch.from_numpy(c)).sum().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(lr32 * p.grad)
+                p.grad = None
+        out.append({"y": y.detach().numpy(), "weights": model.keras_weights()})
+    return out
+
+
 def exact_ranges(plan: Plan) -> set[str]:
     """The range variables whose every upstream op is one of tfgrad's operators or exact in
     any framework (elementwise adds, max, pads, reshapes), so a port's values after a
