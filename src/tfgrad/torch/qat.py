@@ -329,26 +329,27 @@ class KerasModel(nn.Module):
         super().__init__()
         self.plan = plan
         self.layers = nn.ModuleDict()
+        # the graph walk, worked out once: (node name, module key, input names)
+        self._walk: list[tuple[str, str, tuple[str, ...]]] = []
         for node in plan.nodes:
             if node.kind != "InputLayer":
                 self.layers[_key(node.name)] = Layer(node)
+                self._walk.append((node.name, _key(node.name), node.inputs))
+        self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
             raise TypeError(f"the model takes {len(self.plan.inputs)} input(s) "
                             f"({', '.join(self.plan.inputs)}); got {len(inputs)}")
         values: dict[str, torch.Tensor] = {}
-        for name, x in zip(self.plan.inputs, inputs):
-            shape = self.plan.node(name).output_shape
+        for (name, shape), x in zip(self._input_shapes, inputs):
             if x.dim() != len(shape) or any(
                     want is not None and got != want for got, want in zip(x.shape, shape)):
                 raise ValueError(f"input {name!r}: expected shape {list(shape)} (None: any "
                                  f"size; NHWC), got {list(x.shape)}")
             values[name] = x
-        for node in self.plan.nodes:
-            if node.kind == "InputLayer":
-                continue
-            values[node.name] = self.layers[_key(node.name)](*[values[i] for i in node.inputs])
+        for name, key, sources in self._walk:
+            values[name] = self.layers[key](*[values[i] for i in sources])
         outs = [values[o] for o in self.plan.outputs]
         return outs[0] if len(outs) == 1 else outs
 
