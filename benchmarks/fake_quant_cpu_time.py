@@ -1,6 +1,6 @@
 """CPU time per call of the fake-quant benchmarks, for machines shared with other work.
 
-    OMP_WAIT_POLICY=passive python tools/fake_quant_cpu_time.py [--threads N]
+    OMP_WAIT_POLICY=passive python benchmarks/fake_quant_cpu_time.py [--threads N]
 
 Wall-clock timings (benchmarks/run.py) on a machine whose cores are busy with other
 processes measure the scheduler more than the kernels. The process CPU time (all threads,

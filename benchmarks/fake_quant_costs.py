@@ -1,6 +1,6 @@
 """Measure the Eigen cost constants of the fake-quant gradient sums on TF 2.21.
 
-    python tools/fake_quant_costs.py
+    python benchmarks/fake_quant_costs.py
 
 TF's Eigen full reducer splits a sum across its intra-op threads when its cost model
 says so: threads = int((n * cost - 1e5) / 1e5 + 0.9). With 2 threads the split starts

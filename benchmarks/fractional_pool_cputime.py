@@ -1,6 +1,6 @@
 """CPU time per call of the fractional pooling benchmarks, tfgrad vs TF, one thread each.
 
-    python tools/fractional_pool_cputime.py [--threads N]
+    python benchmarks/fractional_pool_cputime.py [--threads N]
 
 On a shared, oversubscribed machine wall-clock timings of parallel code mostly measure
 how long the OS leaves threads waiting. This measures the process CPU time per call

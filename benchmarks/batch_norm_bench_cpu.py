@@ -1,6 +1,6 @@
 """Single-thread CPU-time benchmark of the batch-norm ops: tfgrad, TF 2.21, PyTorch.
 
-    python tools/batch_norm_bench_cpu.py [--repeat 7]
+    python benchmarks/batch_norm_bench_cpu.py [--repeat 7]
 
 On a shared machine wall-clock timings of multi-threaded code are dominated by the other
 processes. This measures the CPU time of one thread per framework (process time, best of

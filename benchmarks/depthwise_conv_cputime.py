@@ -1,6 +1,6 @@
 """Single-thread CPU time of tfgrad vs TF (default oneDNN build) at the benchmark shapes.
 
-    python tools/depthwise_conv_cputime.py
+    python benchmarks/depthwise_conv_cputime.py
 
 On a shared machine wall-clock timings mostly measure the scheduler. This runs each
 framework in its own subprocess on one thread (NUMBA_NUM_THREADS=1; TF intra- and
