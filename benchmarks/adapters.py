@@ -21,7 +21,9 @@ values and a depthwise convolution of [1, 4, 4, 2] with a 3x3 filter:
 Overheads are paired per round (each round times every row in turn), then the median
 and range over rounds: raw_ops - kernel; torch forward - kernel; torch forward + backward
 - forward and gradient kernels - autograd floor. One training step of
-examples/torch_qat_mobilenet.py's model (batch 32, 24x24, CPU) follows.
+examples/torch_qat_mobilenet.py's model follows, against the same net in plain torch ops
+(batch 8 and 32, 1 and 2 threads, eager and compiled; with --smoke batch 8, 1 thread,
+eager).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -168,22 +171,95 @@ def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
     return ({k: summary(v) for k, v in s.items()}, {k: summary(v) for k, v in over.items()})
 
 
-def training_step_ms(steps: int, rounds: int) -> dict[str, float]:
+def plain_twin(classes: int = 4, width: int = 8) -> Any:
+    """examples/torch_qat_mobilenet.py's TinyMobileNet in plain torch ops, the same shapes
+    and work: grouped Conv2d for the depthwise convolutions, BatchNorm2d, torch's learnable
+    per-channel fake quant (its rounding and nudging are not TF's: a speed twin only) and
+    F.fractional_max_pool2d (2x2 regions)."""
+    import torch
+    from torch import nn
+
+    class FQ(nn.Module):
+        def __init__(self, c: int, lo: int, hi: int, axis: int):
+            super().__init__()
+            self.scale = nn.Parameter(torch.full((c,), 12.0 / 255))
+            self.zero = nn.Parameter(torch.zeros(c))
+            self.lo, self.hi, self.axis = lo, hi, axis
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch._fake_quantize_learnable_per_channel_affine(
+                x, self.scale, self.zero, self.axis, self.lo, self.hi, 1.0)
+
+    class Block(nn.Module):
+        def __init__(self, c_in: int, c_out: int, stride: int):
+            super().__init__()
+            self.dw = nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in, bias=False)
+            self.wq = FQ(c_in, -127, 127, 0)
+            self.bn1, self.q1 = nn.BatchNorm2d(c_in, momentum=0.1), FQ(c_in, 0, 255, 1)
+            self.pw = nn.Conv2d(c_in, c_out, 1, bias=False)
+            self.bn2, self.q2 = nn.BatchNorm2d(c_out, momentum=0.1), FQ(c_out, 0, 255, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = self.wq(self.dw.weight)
+            x = nn.functional.conv2d(x, w, None, self.dw.stride, 1, 1, self.dw.groups)
+            x = self.q1(nn.functional.relu6(self.bn1(x)))
+            return self.q2(nn.functional.relu6(self.bn2(self.pw(x))))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(1, width, 3, padding=1)
+            self.block1 = Block(width, 2 * width, 1)
+            self.block2 = Block(2 * width, 4 * width, 2)
+            self.head = nn.Linear(4 * width, classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.block1(nn.functional.relu6(self.stem(x)))
+            x = nn.functional.fractional_max_pool2d(x, 2, output_ratio=(0.7071, 0.7071))
+            return self.head(self.block2(x).mean((2, 3)))
+
+    return Net()
+
+
+def training_steps_ms(steps: int, rounds: int, batches: tuple[int, ...] = (8, 32),
+                      threads: tuple[int, ...] = (1, 2), compiled: bool = True
+                      ) -> dict[str, dict[str, float]]:
+    """One training step (cross entropy, Adam) of the torch example's TinyMobileNet on
+    tfgrad.torch against its plain-torch twin, eager and torch.compile'd, per batch size
+    and thread count (torch's and Numba's): the two nets interleaved in every round."""
+    import numba
     import torch
     import torch_qat_mobilenet as qat
 
-    model = qat.TinyMobileNet()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    xb, yb = qat.stripes(32, 24, torch.Generator().manual_seed(0))
+    out: dict[str, dict[str, float]] = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))
+        for batch in batches:
+            xb, yb = qat.stripes(batch, 24, torch.Generator().manual_seed(0))
+            fns = {}
+            for name, make in (("tfgrad.torch", qat.TinyMobileNet), ("plain torch", plain_twin)):
+                for mode in ("eager", "compiled") if compiled else ("eager",):
+                    torch.manual_seed(0)
+                    model = make()
+                    run = torch.compile(model) if mode == "compiled" else model
+                    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-    def step() -> None:
-        loss = torch.nn.functional.cross_entropy(model(xb), yb)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+                    def step(run: Any = run, opt: Any = opt, xb: Any = xb, yb: Any = yb
+                             ) -> None:
+                        loss = torch.nn.functional.cross_entropy(run(xb), yb)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
 
-    ms = [v / 1e3 for v in interleaved_us({"step": step}, steps, rounds)["step"]]
-    return summary(ms)
+                    for _ in range(3 if mode == "compiled" else 1):  # (compiles)
+                        step()
+                    fns[f"{name} {mode}"] = step
+            us = interleaved_us(fns, steps, rounds)
+            for k, v in us.items():
+                out[f"batch {batch}, {t} thread{'s' if t > 1 else ''}: {k}"] = summary(
+                    [x / 1e3 for x in v])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     import tfgrad
 
     times, overheads = tiny_calls(n, rounds)
-    step = None if args.no_step else training_step_ms(steps, 1 if args.smoke else 7)
+    step = None if args.no_step else training_steps_ms(
+        steps, 1 if args.smoke else 7, (8,) if args.smoke else (8, 32),
+        (1,) if args.smoke else (1, 2), compiled=not args.smoke)
     print(f"tfgrad {tfgrad.__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} torch threads; {rounds} interleaved rounds of {n} "
           "calls: median [min, max], us per call")
@@ -220,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in rows.items():
             print(f"  {k:<{width}}  {v['median']:8.2f}  [{v['min']:.2f}, {v['max']:.2f}]")
     if step is not None:
-        print(f"torch example: one training step (batch 32, 24x24): {step['median']:.2f} ms "
-              f"[{step['min']:.2f}, {step['max']:.2f}]")
+        print("torch example (24x24): one training step, ms: median [min, max]; ratio of "
+              "medians to plain torch")
+        for k, v in step.items():
+            plain = step[k.replace("tfgrad.torch", "plain torch")]["median"]
+            print(f"  {k:<44}  {v['median']:8.2f}  [{v['min']:.2f}, {v['max']:.2f}]  "
+                  f"{v['median'] / plain:5.2f}x")
     qat = None
     if args.qat:
         sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -239,6 +239,39 @@ def _output_shapes(op: OpDef, a: dict[str, np.ndarray], attrs: dict[str, Any]) -
         return [_shape_vector(name, a["orig_input_tensor_shape"])]
     if name == "FractionalMaxPoolGrad":
         return [a["orig_input"].shape]
+    if name == "MatMul":
+        x, y = a["a"].shape, a["b"].shape
+        return [(x[1] if attrs["transpose_a"] else x[0], y[0] if attrs["transpose_b"] else y[1])]
+    if name == "Conv2D":
+        x, f = a["input"].shape, a["filter"].shape
+        ep = list(attrs["explicit_paddings"]) or [0] * 8
+        return [(x[0], _conv_out(x[1], f[0], attrs["strides"][1], attrs["dilations"][1],
+                                 attrs["padding"], *ep[2:4]),
+                 _conv_out(x[2], f[1], attrs["strides"][2], attrs["dilations"][2],
+                           attrs["padding"], *ep[4:6]), f[3])]
+    if name == "Conv2DBackpropInput":
+        v = a["input_sizes"]
+        if v.ndim == 1 and v.size == 2:  # [H, W]: TF takes batch and depth from the others
+            return [(a["out_backprop"].shape[0], int(v[0]), int(v[1]), a["filter"].shape[2])]
+        return [_shape_vector(name, v)]
+    if name == "Conv2DBackpropFilter":
+        return [_shape_vector(name, a["filter_sizes"])]
+    if name in ("Relu", "Relu6", "ReluGrad", "Relu6Grad"):
+        return [a["features"].shape]
+    if name in ("BiasAdd", "Identity"):
+        return [a["value" if name == "BiasAdd" else "input"].shape]
+    if name == "BiasAddGrad":
+        g = a["out_backprop"].shape
+        return [(g[_channel_axis(attrs["data_format"], len(g))],)]
+    if name in ("Sum", "Mean"):
+        from tfgrad.ops.reduction import make_plan
+
+        axes = tuple(int(v) for v in np.asarray(a["axis"]).reshape(-1))
+        return [make_plan(name, a["input"].shape, axes, attrs.get("keep_dims", False)).out_shape]
+    if name == "SparseSoftmaxCrossEntropyWithLogits":
+        return [a["features"].shape[:1], a["features"].shape]
+    if name == "Softmax":
+        return [a["logits"].shape]
     raise KeyError(name)
 
 
@@ -510,6 +543,121 @@ _BUILDERS = {"fake_quant": _fake_quant, "batch_norm": _batch_norm,
              "depthwise_conv": _depthwise, "fractional_pool": _fractional}
 
 
+# ---- MatMul ---------------------------------------------------------------------------
+def _matmul(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    m, k, n = _dims(rng, 3, 40, 0.05)
+    ta, tb = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
+    t = _float_t(rng, op.type_attr("T").allowed)
+    ins = {"a": _layout(draw, rng, _values(rng, (k, m) if ta else (m, k), t, sp)),
+           "b": _layout(draw, rng, _values(rng, (n, k) if tb else (k, n), t, sp))}
+    return Example(op.name, ins, {"transpose_a": ta, "transpose_b": tb})
+
+
+_BUILDERS["matmul"] = _matmul
+
+
+# ---- Conv2D ---------------------------------------------------------------------------
+def _conv2d(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    n, h, w = _dims(rng, 1, 3, 0.05)[0], *_dims(rng, 2, 7, 0.05)
+    c, o = _dims(rng, 2, 5, 0.05)
+    fh, fw = _dims(rng, 2, 3, 0.03)
+    s = int(rng.integers(1, 4))
+    sh, sw = (s, s) if rng.random() < 0.8 else (s, int(rng.integers(1, 4)))
+    d = 1
+    if op.name == "Conv2D" and rng.random() < 0.3:
+        d = int(rng.integers(1, 3)) if rng.random() < 0.9 else int(
+            rng.choice([10**9, 2**31 - 1, 2**40]))  # (TF reads dilations as int32)
+    padding = str(rng.choice(["SAME", "VALID", "EXPLICIT"]))
+    pads = [int(p) for p in rng.integers(0, 3, size=4)]
+    attrs: dict[str, Any] = {"strides": [1, sh, sw, 1], "padding": padding,
+                             "dilations": [1, d, d, 1],
+                             "explicit_paddings": [0, 0, *pads, 0, 0]
+                             if padding == "EXPLICIT" else []}
+    xshape, fshape = (n, h, w, c), (fh, fw, c, o)
+    oh = max(_conv_out(h, fh, sh, d, padding, pads[0], pads[1]), 0)
+    ow = max(_conv_out(w, fw, sw, d, padding, pads[2], pads[3]), 0)
+    t = np.dtype(np.float32)
+    ins: dict[str, Any] = {}
+    if op.name == "Conv2D":
+        ins["input"] = _layout(draw, rng, _values(rng, xshape, t, sp))
+        ins["filter"] = _layout(draw, rng, _values(rng, fshape, t, sp))
+    elif op.name == "Conv2DBackpropInput":
+        ins["input_sizes"] = _layout(draw, rng, np.array(xshape, np.int32))
+        ins["filter"] = _layout(draw, rng, _values(rng, fshape, t, sp))
+        ins["out_backprop"] = _layout(draw, rng, _values(rng, (n, oh, ow, o), t, sp))
+    else:
+        ins["input"] = _layout(draw, rng, _values(rng, xshape, t, sp))
+        ins["filter_sizes"] = _layout(draw, rng, np.array(fshape, np.int32))
+        ins["out_backprop"] = _layout(draw, rng, _values(rng, (n, oh, ow, o), t, sp))
+    return Example(op.name, ins, attrs)
+
+
+_BUILDERS["conv2d"] = _conv2d
+
+
+# ---- Activations and bias addition ------------------------------------------------------
+def _activation(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    shape = tuple(_dims(rng, int(rng.integers(0, 4)), 20, 0.05))
+    t = _float_t(rng, op.type_attr("T").allowed)
+    ins = {"features": _layout(draw, rng, _values(rng, shape, t, sp))}
+    if op.name.endswith("Grad"):
+        ins["gradients"] = _layout(draw, rng, _values(rng, shape, t, sp))
+    return Example(op.name, ins, {})
+
+
+def _bias_add(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    t = _float_t(rng, op.type_attr("T").allowed)
+    shape = tuple(_dims(rng, int(rng.integers(2, 5)), 12, 0.05))
+    if op.name == "Identity":
+        return Example(op.name, {"input": _layout(draw, rng, _values(rng, shape, t, sp))}, {})
+    fmt = str(rng.choice(["NHWC", "NCHW"]))
+    if op.name == "BiasAddGrad":
+        return Example(op.name, {"out_backprop": _layout(draw, rng, _values(rng, shape, t, sp))},
+                       {"data_format": fmt})
+    c = shape[1] if fmt == "NCHW" else shape[-1]
+    ins = {"value": _layout(draw, rng, _values(rng, shape, t, sp)),
+           "bias": _layout(draw, rng, _values(rng, (c,), t, sp))}
+    return Example(op.name, ins, {"data_format": fmt})
+
+
+_BUILDERS["activation"] = _activation
+_BUILDERS["bias_add"] = _bias_add
+
+
+def _reduction(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    shape = tuple(_dims(rng, int(rng.integers(0, 5)), 7, 0.05))
+    rank = len(shape)
+    k = int(rng.integers(0, rank + 1))
+    axes = [int(v) for v in rng.permutation(rank)[:k]] if rank else []
+    axes = [v - rank if rng.random() < 0.3 else v for v in axes]
+    dt = np.int64 if rng.random() < 0.3 else np.int32
+    ins = {"input": _layout(draw, rng, _values(rng, shape, np.float32, sp)),
+           "axis": _layout(draw, rng, np.array(axes, dt))}
+    return Example(op.name, ins, {"keep_dims": bool(rng.random() < 0.3)})
+
+
+def _softmax_xent(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    b, c = _dims(rng, 2, 12, 0.05)
+    dt = np.int64 if rng.random() < 0.3 else np.int32
+    labels = rng.integers(0, max(c, 1), b).astype(dt)
+    ins = {"features": _layout(draw, rng, _values(rng, (b, c), np.float32, sp, -30, 30)),
+           "labels": _layout(draw, rng, labels)}
+    return Example(op.name, ins, {})
+
+
+_BUILDERS["reduction"] = _reduction
+_BUILDERS["softmax_xent"] = _softmax_xent
+
+
+def _softmax(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    shape = tuple(_dims(rng, int(rng.integers(1, 4)), 12, 0.05))
+    return Example(op.name, {"logits": _layout(draw, rng, _values(rng, shape, np.float32, sp,
+                                                                    -30, 30))}, {})
+
+
+_BUILDERS["softmax"] = _softmax
+
+
 # ---- Mutations ------------------------------------------------------------------------
 def _arrays(ex: Example) -> list[str]:
     return [k for k, v in ex.inputs.items() if isinstance(v, Arr)]
@@ -556,6 +704,8 @@ def _mutate_int_values(rng: np.random.Generator, ex: Example) -> str:
 
 def _mutate_attr(rng: np.random.Generator, ex: Example) -> str:
     op = OPS[ex.op]
+    if not op.attrs:  # (an op without attrs: nothing to mutate)
+        return "none"
     a = op.attrs[int(rng.integers(0, len(op.attrs)))]
     r = rng.random()
     if a.type == "int":

@@ -88,9 +88,9 @@ def test_ops_one_op_by_either_name():
 
 
 def test_ops_unknown_op_is_a_clean_error():
-    r = tfgrad_cli("ops", "--op", "Conv2D")
+    r = tfgrad_cli("ops", "--op", "Conv3D")
     assert r.returncode == 2
-    assert "tfgrad ops: error:" in r.stderr and "Conv2D" in r.stderr
+    assert "tfgrad ops: error:" in r.stderr and "Conv3D" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -625,3 +625,31 @@ def test_live_per_channel_rank0_inputs(op):
         kw["gradients"] = np.float32(1)
     with pytest.raises(tfgrad.InvalidArgumentError, match=words):
         getattr(raw_ops, op)(**kw)
+
+
+_EDGES = [0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, -1.1754942e-38, 1.1754944e-38, 6.0, -6.0,
+          1e-30, -1e-30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan, 0.1, -0.1, 1.0, 255.0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_EDGES) | st.floats(width=32, allow_nan=True),
+                          st.sampled_from(_EDGES) | st.floats(width=32, allow_nan=True)),
+                min_size=1, max_size=9),
+       st.integers(2, 16), st.booleans())
+def test_compiled_nudge_is_the_references(pairs, bits, narrow):
+    # The kernels nudge per call (a QAT step's ranges change every step): the compiled
+    # Nudge must give the reference's values, flushes, NaN and zero-range cases included.
+    mn = np.array([a for a, _ in pairs], np.float32)
+    mx = np.array([b for _, b in pairs], np.float32)
+    for lo, hi in ((mn, mx), (mn[:1].reshape(()), mx[:1].reshape(()))):
+        with tfgrad.use_impl("kernel"):
+            got = fq.nudge(lo, hi, bits, narrow)
+        want = fq._nudge(lo, hi, bits, narrow)
+        for name in ("nmin", "nmax", "scale", "inv", "qz", "zero"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a.shape == b.shape and a.dtype == b.dtype, name
+            assert a.tobytes() == b.tobytes() or (
+                np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(
+                    np.where(np.isnan(a), 0, a).view(np.uint32) if a.dtype == np.float32 else a,
+                    np.where(np.isnan(b), 0, b).view(np.uint32) if b.dtype == np.float32 else b)
+            ), (name, lo, hi, a, b)

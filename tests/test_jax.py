@@ -49,6 +49,19 @@ _PROBES = {
     "fractional_pool": lambda: raw_ops.FractionalAvgPoolGrad(
         orig_input_tensor_shape=[1, 4, 4, 1], out_backprop=np.ones((1, 2, 2, 1), np.float32),
         row_pooling_sequence=[0, 2, 4], col_pooling_sequence=[0, 2, 4]),
+    "reduction": lambda: raw_ops.Mean(input=np.ones((2, 3), np.float32), axis=[1]),
+    "softmax_xent": lambda: raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+        features=np.ones((2, 3), np.float32), labels=np.zeros(2, np.int32)),
+    "activation": lambda: raw_ops.ReluGrad(gradients=np.ones(3, np.float32),
+                                           features=np.ones(3, np.float32)),
+    "bias_add": lambda: raw_ops.BiasAddGrad(out_backprop=np.ones((2, 3), np.float32)),
+    "matmul": lambda: raw_ops.MatMul(a=np.ones((2, 3), np.float32),
+                                     b=np.ones((3, 2), np.float32)),
+    "conv2d": lambda: raw_ops.Conv2DBackpropFilter(
+        input=np.ones((1, 3, 3, 2), np.float32), filter_sizes=[2, 2, 2, 1],
+        out_backprop=np.ones((1, 2, 2, 1), np.float32), strides=[1, 1, 1, 1],
+        padding="VALID"),
+    "softmax": lambda: raw_ops.Softmax(logits=np.ones((2, 3), np.float32)),
 }
 _FAMILY_OPS = {
     "fake_quant": lambda: [raw_ops.FakeQuantWithMinMaxArgs(inputs=np.ones(2, np.float32))],
@@ -61,6 +74,18 @@ _FAMILY_OPS = {
         strides=[1, 1, 1, 1], padding="VALID")],
     "fractional_pool": lambda: [raw_ops.FractionalMaxPool(
         value=np.ones((1, 4, 4, 1), np.float32), pooling_ratio=[1, 1.5, 1.5, 1])],
+    "reduction": lambda: [raw_ops.Sum(input=np.ones((2, 3), np.float32), axis=[0])],
+    "softmax_xent": lambda: [raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+        features=np.ones((2, 3), np.float32), labels=np.zeros(2, np.int32))],
+    "activation": lambda: [raw_ops.Relu(features=np.ones(3, np.float32))],
+    "bias_add": lambda: [raw_ops.BiasAdd(value=np.ones((2, 3), np.float32),
+                                         bias=np.ones(3, np.float32))],
+    "matmul": lambda: [raw_ops.MatMul(a=np.ones((2, 3), np.float32),
+                                      b=np.ones((3, 2), np.float32))],
+    "conv2d": lambda: [raw_ops.Conv2D(input=np.ones((1, 3, 3, 2), np.float32),
+                                      filter=np.ones((2, 2, 2, 1), np.float32),
+                                      strides=[1, 1, 1, 1], padding="VALID")],
+    "softmax": lambda: [raw_ops.Softmax(logits=np.ones((2, 3), np.float32))],
 }
 
 

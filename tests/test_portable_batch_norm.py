@@ -193,3 +193,37 @@ def test_second_derivative_needs_the_batch_statistics(framework: str) -> None:
     finally:
         impl.mod._with_batch_stats = saved
     assert _distance.distance(got[1], want[1]) > 1000 * SECOND_ORDER
+
+
+@pytest.mark.parametrize("per_channel", [4096, 65536])
+def test_large_sums_within_scaled_bounds(impl: Any, per_channel: int) -> None:
+    """A real layer sums thousands of values per channel (MobileNetV2 at batch 32: 8,192),
+    far more than the case table's 162: outputs that sum over the batch stay within their
+    bound scaled by the square root of the count (``SUM_OUTPUTS``, ``_distance.sum_bound``),
+    the others within BOUNDS."""
+    rng = np.random.default_rng(per_channel)
+    c = 16
+    x = (rng.standard_normal((per_channel, c)) * 3 + 1).astype(np.float32)
+    x = x.reshape(4, per_channel // 256, 64, c)
+    fwd = {"x": x, "scale": rng.standard_normal(c).astype(np.float32),
+           "offset": rng.standard_normal(c).astype(np.float32),
+           "mean": np.zeros(0, np.float32), "variance": np.zeros(0, np.float32),
+           "is_training": True}
+    want = raw_ops.FusedBatchNormV3(**fwd)
+    grad = {"y_backprop": rng.standard_normal(x.shape).astype(np.float32), "x": x,
+            "scale": fwd["scale"], "reserve_space_1": want[3], "reserve_space_2": want[4],
+            "reserve_space_3": want[5], "is_training": True}
+    bad = []
+    for op, kwargs, exact in (("FusedBatchNormV3", fwd, want),
+                              ("FusedBatchNormGradV3", grad, raw_ops.FusedBatchNormGradV3(**grad))):
+        got = impl(op, *portable.split(op, kwargs))
+        for o, a, e in zip(get_op_def(op).outputs, got, exact, strict=True):
+            bound = impl.mod.BOUNDS[op][o.name]["float32"]
+            if o.name in impl.mod.SUM_OUTPUTS:
+                bound = _distance.sum_bound(bound, per_channel, impl.mod.BOUNDS_COUNT)
+            d = _distance.distance(np.asarray(a), np.asarray(e))
+            if bound == 0 and not _distance.bit_identical(np.asarray(a), np.asarray(e)):
+                bad.append(f"{op} {o.name} not bit-identical")
+            elif bound and not d <= bound:
+                bad.append(f"{op} {o.name}: {d} > {bound}")
+    assert not bad

@@ -97,6 +97,35 @@ POLICY: dict[str, Threading] = {
     "fractional_pool": Threading(1 << 16),
     # tfgrad's own pool (kernels._pool.run), whose threads claim chunks as they come free
     "depthwise_conv": Threading(1 << 20),
+    # <activation>
+    # elementwise on bits: memory-bound, threads pay from a few hundred KiB
+    "activation": Threading(1 << 16),
+    # </activation>
+    # <bias_add>
+    "bias_add": Threading(1 << 16),
+    # </bias_add>
+    # <matmul>
+    # multiply-adds; tiles of 4 rows x 32 columns are independent (measured: below ~4M
+    # multiply-adds waking the second thread costs more than it saves)
+    "matmul": Threading(1 << 22),
+    # </matmul>
+    # <conv2d>
+    # im2col / col2im: data movement (col2im one image per task); the contractions run
+    # under the matmul family's policy
+    "conv2d": Threading(1 << 18),
+    # </conv2d>
+    # <reduction>
+    # each output summed by one thread; tasks are row / column blocks or shards
+    "reduction": Threading(1 << 16),
+    # </reduction>
+    # <softmax_xent>
+    # rows in blocks of 16, each in TF's order
+    "softmax_xent": Threading(1 << 14),
+    # </softmax_xent>
+    # <softmax>
+    # rows in blocks of 16, each in TF's order
+    "softmax": Threading(1 << 14),
+    # </softmax>
 }
 """Each family's threading, by the family's name (``OpDef.family``)."""
 

@@ -12,6 +12,8 @@ Zero signs and NaN payloads are not compared (``bit_identical`` compares everyth
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -77,3 +79,10 @@ def bounds_by_output(ops: tuple[str, ...], per_output: dict[str, dict[str, float
             dtypes = (o.dtype,) if o.dtype else op.type_attr(o.type_attr).allowed
             out[name][o.name] = {t: b for t, b in per_output[o.name].items() if t in dtypes}
     return out
+
+
+def sum_bound(bound: float, count: int, measured_up_to: int) -> float:
+    """A bound on an output that sums ``count`` values, from one measured on sums of up to
+    ``measured_up_to``: two summation orders part by rounding errors that grow about as
+    the square root of the count (a random walk of one-ulp steps)."""
+    return bound * max(1.0, math.sqrt(count / measured_up_to))

@@ -9,7 +9,8 @@ wires its autograd from this one table:
 - a :class:`GradCall` names the gradient op, where each of its inputs comes from
   (:class:`From`), which forward inputs its outputs are the gradients of, and when it
   applies (batch norm differentiates training and inference differently);
-- attrs: every attr of the gradient op is the forward op's attr of the same name;
+- attrs: every attr of the gradient op is the forward op's attr of the same name, except
+  those the call fixes itself (``GradCall.fixed``: MatMul's transposes);
 - :data:`LINEARISED` marks gradient ops whose own gradient TF computes by differentiating
   a composite of primitive ops (``_FusedBatchNormGradGrad`` differentiates
   ``_BatchNormGrad``), or that are linear in their differentiable input: adapters
@@ -65,13 +66,17 @@ class GradCall:
     """Forward input -> the gradient op's output that is its gradient."""
     when: dict[str, Any] = field(default_factory=dict)
     """Forward attr values under which this call applies (empty: always)."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Gradient-op attrs the gradient function sets itself (MatMul's transposes), which
+    replace the forward's of the same names."""
 
     def applies(self, attrs: dict[str, Any]) -> bool:
         return all(attrs[k] == v for k, v in self.when.items())
 
     def attrs(self, forward_attrs: dict[str, Any]) -> dict[str, Any]:
-        """The gradient op's attrs: the forward op's of the same names."""
-        return {a.name: forward_attrs[a.name] for a in get_op_def(self.op).attrs}
+        """The gradient op's attrs: ``fixed``, else the forward op's of the same names."""
+        return {a.name: self.fixed[a.name] if a.name in self.fixed else forward_attrs[a.name]
+                for a in get_op_def(self.op).attrs}
 
 
 def _fake_quant(op: str) -> tuple[GradCall, ...]:
@@ -102,6 +107,28 @@ def _batch_norm(version: int) -> tuple[GradCall, ...]:
         if version == 3:
             args["reserve_space_3"] = _out("reserve_space_3")
         calls.append(GradCall(grad_op, args, gives, {"is_training": training}))
+    return tuple(calls)
+
+
+def _matmul() -> tuple[GradCall, ...]:
+    """TF's _MatMulGrad (math_grad.py): two MatMuls, whose operands and transposes follow
+    the forward's transposes (grad_a / grad_b set on the call for each input)."""
+    g = _grad("product")
+    a, b = _in("a"), _in("b")
+    # (transpose_a, transpose_b) -> (a's call, b's call): (x, y, transpose_a, transpose_b)
+    table = {
+        (False, False): ((g, b, False, True), (a, g, True, False)),
+        (False, True): ((g, b, False, False), (g, a, True, False)),
+        (True, False): ((b, g, False, True), (a, g, False, False)),
+        (True, True): ((b, g, True, True), (g, a, True, True)),
+    }
+    calls = []
+    for (ta, tb), pair in table.items():
+        for which, (x, y, ga, gb) in zip(("a", "b"), pair):
+            calls.append(GradCall("MatMul", {"a": x, "b": y}, {which: "product"},
+                                  {"transpose_a": ta, "transpose_b": tb},
+                                  {"transpose_a": ga, "transpose_b": gb,
+                                   "grad_a": which == "a", "grad_b": which == "b"}))
     return tuple(calls)
 
 
@@ -149,6 +176,62 @@ GRADIENTS: dict[str, tuple[GradCall, ...]] = {
                   "col_pooling_sequence": _out("col_pooling_sequence")},
                  {"value": "output"}),
     ),
+    # <activation>
+    # TF's _ReluGrad / _Relu6Grad (the mask from the forward's output) and
+    # _ReluGradGrad / _Relu6GradGrad (the same op on the incoming gradient, the mask from
+    # the features; TF's zeros_like for the features: no gradient here).
+    **{fwd: (GradCall(fwd + "Grad", {"gradients": _grad("activations"),
+                                     "features": _out("activations")},
+                      {"features": "backprops"}),)
+       for fwd in ("Relu", "Relu6")},
+    **{grad: (GradCall(grad, {"gradients": _grad("backprops"), "features": _in("features")},
+                       {"gradients": "backprops"}),)
+       for grad in ("ReluGrad", "Relu6Grad")},
+    # </activation>
+    # <bias_add>
+    # TF's _BiasAddGrad: the incoming gradient itself for value (an Identity here, so
+    # that the table names an op), BiasAddGrad for bias; TF's _IdGrad for Identity.
+    "BiasAdd": (
+        GradCall("Identity", {"input": _grad("output")}, {"value": "output"}),
+        GradCall("BiasAddGrad", {"out_backprop": _grad("output")}, {"bias": "output"}),
+    ),
+    "Identity": (GradCall("Identity", {"input": _grad("output")}, {"input": "output"}),),
+    # </bias_add>
+    # <matmul>
+    "MatMul": _matmul(),
+    # </matmul>
+    # <conv2d>
+    # TF's _Conv2DGrad, _Conv2DBackpropInputGrad and _Conv2DBackpropFilterGrad: bilinear,
+    # the three differentiate each other, to any order.
+    "Conv2D": (
+        GradCall("Conv2DBackpropInput", {"input_sizes": _shape("input"), "filter": _in("filter"),
+                                         "out_backprop": _grad("output")}, {"input": "output"}),
+        GradCall("Conv2DBackpropFilter", {"input": _in("input"),
+                                          "filter_sizes": _shape("filter"),
+                                          "out_backprop": _grad("output")},
+                 {"filter": "output"}),
+    ),
+    "Conv2DBackpropInput": (
+        GradCall("Conv2DBackpropFilter", {"input": _grad("output"),
+                                          "filter_sizes": _shape("filter"),
+                                          "out_backprop": _in("out_backprop")},
+                 {"filter": "output"}),
+        GradCall("Conv2D", {"input": _grad("output"), "filter": _in("filter")},
+                 {"out_backprop": "output"}),
+    ),
+    "Conv2DBackpropFilter": (
+        GradCall("Conv2DBackpropInput", {"input_sizes": _shape("input"),
+                                         "filter": _grad("output"),
+                                         "out_backprop": _in("out_backprop")},
+                 {"input": "output"}),
+        GradCall("Conv2D", {"input": _in("input"), "filter": _grad("output")},
+                 {"out_backprop": "output"}),
+    ),
+    # </conv2d>
+    # <reduction>
+    # </reduction>
+    # <softmax_xent>
+    # </softmax_xent>
 }
 
 @dataclass(frozen=True)
@@ -171,6 +254,39 @@ LINEARISED: dict[str, Linearised] = {
     "FusedBatchNormGradV3": _BN_GRAD_GRAD,
     # Linear in out_backprop: its adjoint averages over the same cells.
     "FractionalAvgPoolGrad": Linearised(("out_backprop",), ("output",)),
+    # <activation>
+    # </activation>
+    # <bias_add>
+    # TF's _BiasAddGradGrad (reshape and tile): linear in out_backprop, the adjoint of the
+    # per-channel sum is its broadcast, which the frameworks' autodiff gives exactly.
+    "BiasAddGrad": Linearised(("out_backprop",), ("output",)),
+    # </bias_add>
+    # <matmul>
+    # </matmul>
+    # <conv2d>
+    # </conv2d>
+    # <reduction>
+    # TF's _SumGrad / _MeanGrad: the incoming gradient broadcast back to the input's shape
+    # (divided by float32(input size // output size) for Mean). Both are linear in input:
+    # the portable implementation's own vjp (broadcast; a division by the same float32
+    # count) computes those bits.
+    "Sum": Linearised(("input",), ("output",)),
+    "Mean": Linearised(("input",), ("output",)),
+    # </reduction>
+    # <softmax_xent>
+    # TF's _SparseSoftmaxCrossEntropyWithLogitsGrad: grad_loss[:, None] * backprop (the
+    # op's own output), plus, for an incoming gradient G of backprop, the softmax's
+    # Jacobian (G - sum(G * softmax)) * softmax. The portable implementation's vjp is
+    # exactly that: its backprop is TF's bits, held constant, times grad_loss (one
+    # multiply), and its backprop output carries torch's / XLA's softmax as tangent.
+    "SparseSoftmaxCrossEntropyWithLogits": Linearised(("features",), ("loss", "backprop")),
+    # </softmax_xent>
+    # <softmax>
+    # TF's _SoftmaxGrad: (grad - Sum(grad * softmax, -1, keep_dims)) * softmax, a composite
+    # of TF ops. The portable torch implementation's vjp is that composite on tfgrad's
+    # Softmax and Sum (TF's bits on CPU); the JAX native one differentiates jnp's formula.
+    "Softmax": Linearised(("logits",), ("softmax",)),
+    # </softmax>
 }
 
 
@@ -213,6 +329,7 @@ def _check_table() -> None:
             assert set(c.gives) <= ins and set(c.gives.values()) <= {o.name for o in g.outputs}
             assert {a.name for a in g.attrs} <= {a.name for a in f.attrs}, c.op
             assert set(c.when) <= {a.name for a in f.attrs}
+            assert set(c.fixed) <= {a.name for a in g.attrs}, c.op
     for op, lin in LINEARISED.items():
         assert set(lin.inputs) <= {i.name for i in OPS[op].inputs}, op
         assert set(lin.outputs) <= {o.name for o in OPS[op].outputs}, op

@@ -107,7 +107,9 @@ class OpDef:
 
 def snake_case(op_name: str) -> str:
     """TF's generated-wrapper name: ``FusedBatchNormV3`` -> ``fused_batch_norm_v3``."""
-    s = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", op_name)
+    # (an underscore before a capital that follows a lower-case letter, or that starts a
+    # word after a digit or an acronym: Conv2DBackpropInput -> conv2d_backprop_input)
+    s = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z0-9])(?=[A-Z][a-z])", "_", op_name)
     return s.lower()
 
 
@@ -485,8 +487,264 @@ FRACTIONAL_POOL = (
     ),
 )
 
+# The training-step families (issue #43), each section owned by one family.
+# <activation>
+_ACT_T = (TypeAttr("T", FLOATS_ALL),)
+_ACT_DESC = (
+    "Elementwise, as TF's Eigen CPU kernel: denormals flushed (FTZ/DAZ) where its "
+    "arithmetic flushes them, which differs between the vectorised body and the scalar "
+    "tail of the flat tensor (docs/activation.md); NaN passes through bit for bit."
+)
+_ACT_GRAD_DESC = (
+    "gradients * (mask of features).cast<T>(): one float multiplication (FTZ), so masked-out "
+    "gradients give zeros of their sign, and inf or NaN gradients NaN."
+)
+
+
+def _act(name: str, summary: str) -> OpDef:
+    return OpDef(
+        name, "activation",
+        inputs=(Input("features", type_attr="T", doc="Any shape."),),
+        attrs=(),
+        outputs=(Output("activations", type_attr="T", shape="like features"),),
+        type_attrs=_ACT_T, summary=summary, description=_ACT_DESC,
+    )
+
+
+def _act_grad(name: str, summary: str, mask: str) -> OpDef:
+    return OpDef(
+        name, "activation",
+        inputs=(
+            Input("gradients", type_attr="T", doc="The backpropagated gradients."),
+            Input("features", type_attr="T",
+                  doc="The forward op's features or its outputs (the same mask)."),
+        ),
+        attrs=(),
+        outputs=(Output("backprops", type_attr="T", doc=f"gradients * ({mask}).",
+                        shape="like features"),),
+        type_attrs=_ACT_T, summary=summary, description=_ACT_GRAD_DESC,
+    )
+
+
+ACTIVATION: tuple[OpDef, ...] = (
+    _act("Relu", "Computes rectified linear: max(features, 0)."),
+    _act_grad("ReluGrad", "Computes rectified linear gradients for a Relu operation.",
+              "features > 0"),
+    _act("Relu6", "Computes rectified linear 6: min(max(features, 0), 6)."),
+    _act_grad("Relu6Grad", "Computes rectified linear 6 gradients for a Relu6 operation.",
+              "0 < features < 6"),
+)
+# </activation>
+# <bias_add>
+_BIAS_T = (TypeAttr("T", ("float32", "float64")),)
+_BIAS_FMT = Attr("data_format", "string", "NHWC", allowed=("NHWC", "NCHW"),
+                 doc="NHWC: the channels are value's last dimension; NCHW: its second.")
+BIAS_ADD: tuple[OpDef, ...] = (
+    OpDef(
+        "BiasAdd", "bias_add",
+        inputs=(Input("value", type_attr="T", doc="At least 2-D."),
+                Input("bias", type_attr="T", doc="1-D, one value per channel.")),
+        attrs=(_BIAS_FMT,),
+        outputs=(Output("output", type_attr="T", shape="like value"),),
+        type_attrs=_BIAS_T,
+        summary="Adds bias to value.",
+        description="value + bias broadcast over the channel dimension: one addition per "
+        "value, denormals flushed (FTZ / DAZ) as TF's CPU kernel.",
+    ),
+    OpDef(
+        "BiasAddGrad", "bias_add",
+        inputs=(Input("out_backprop", type_attr="T", doc="At least 2-D."),),
+        attrs=(_BIAS_FMT,),
+        outputs=(Output("output", type_attr="T", doc="1-D: one sum per channel."),),
+        type_attrs=_BIAS_T,
+        summary="The backward operation for BiasAdd on the bias tensor.",
+        description="Per-channel sums of out_backprop in TF's order: ReduceOuterDimensions "
+        "(NHWC) or ReduceMiddleDimensions (NCHW) with TF's intra-op thread count's blocks "
+        "(docs/bias_add.md).",
+    ),
+    OpDef(
+        "Identity", "bias_add",
+        inputs=(Input("input", type_attr="T"),),
+        attrs=(),
+        outputs=(Output("output", type_attr="T", shape="like input"),),
+        type_attrs=(TypeAttr("T", FLOATS_ALL),),
+        summary="Return a tensor with the same shape and contents as the input tensor.",
+        description="The incoming gradient of BiasAdd's value, as TF's _BiasAddGrad passes "
+        "it on; in the gradient table so that BiasAdd's value gradient is an op call.",
+        notes=("tfgrad's Identity returns a copy (TF's may share the input's buffer).",),
+    ),
+)
+# </bias_add>
+# <matmul>
+MATMUL: tuple[OpDef, ...] = (
+    OpDef(
+        "MatMul", "matmul",
+        inputs=(Input("a", type_attr="T", doc="Matrix [M, K] ([K, M] with transpose_a)."),
+                Input("b", type_attr="T", doc="Matrix [K, N] ([N, K] with transpose_b).")),
+        attrs=(
+            Attr("transpose_a", "bool", False, doc="Use a transposed."),
+            Attr("transpose_b", "bool", False, doc="Use b transposed."),
+            Attr("grad_a", "bool", False,
+                 doc="Set by TF's gradient for the call giving a's gradient; no effect on CPU."),
+            Attr("grad_b", "bool", False,
+                 doc="Set by TF's gradient for the call giving b's gradient; no effect on CPU."),
+        ),
+        outputs=(Output("product", type_attr="T", doc="a x b, [M, N]."),),
+        type_attrs=(TypeAttr("T", ("float32",)),),
+        summary="Multiply the matrix a by the matrix b.",
+        description=(
+            "float32 as TF's CPU kernel computes it: with min(M, K, N) > 1, Eigen's "
+            "thread-pool contraction with oneDNN's sgemm blocks (per output, fused "
+            "multiply-add chains over k-blocks added in order; the blocks depend on TF's "
+            "intra-op thread count and the processor); with min(M, K, N) == 1, Eigen's "
+            "vector products without FMA."),
+        notes=("TF also computes bfloat16, half, float64, integer and complex types; "
+               "tfgrad computes float32 only (TypeError for the others).",),
+    ),
+)
+# </matmul>
+# <conv2d>
+_C2_ATTRS = (
+    Attr("strides", "list(int)", doc="Stride of the sliding window for each dimension."),
+    Attr("use_cudnn_on_gpu", "bool", True, doc="Ignored on the CPU."),
+    Attr("padding", "string", allowed=("SAME", "VALID", "EXPLICIT"),
+         doc="Padding algorithm."),
+    Attr("explicit_paddings", "list(int)", (),
+         doc="With EXPLICIT padding: [before, after] for each of the 4 dimensions."),
+    Attr("data_format", "string", "NHWC", allowed=("NHWC", "NCHW"),
+         doc="Layout of the data (TF's CPU kernels: NHWC only)."),
+    Attr("dilations", "list(int)", (1, 1, 1, 1), doc="Dilation factor for each dimension."),
+)
+_C2_T = (TypeAttr("T", ("float32",)),)
+_C2_DESC = (
+    "As TF's Eigen CPU kernels: a contraction of image patches (K index (kh*KW + kw)*C + c) "
+    "whose every output is a sum of FMA chains over TF's k-blocks (oneDNN's sgemm inside "
+    "Eigen's ThreadPool contraction); the blocks depend on TF's thread count and the "
+    "processor (docs/conv2d.md)."
+)
+
+CONV2D: tuple[OpDef, ...] = (
+    OpDef(
+        "Conv2D", "conv2d",
+        inputs=(
+            Input("input", type_attr="T", doc="4-D input [batch, height, width, in_channels]."),
+            Input("filter", type_attr="T",
+                  doc="[filter_height, filter_width, in_channels, out_channels]."),
+        ),
+        attrs=_C2_ATTRS,
+        outputs=(Output("output", type_attr="T"),),
+        type_attrs=_C2_T,
+        summary="Computes a 2-D convolution given 4-D input and filter tensors.",
+        description=_C2_DESC + " Dilations are computed (TF's Eigen kernel takes them); "
+        "NCHW and grouped convolutions are refused.",
+    ),
+    OpDef(
+        "Conv2DBackpropInput", "conv2d",
+        inputs=(
+            Input("input_sizes", "int32", doc="Shape of the forward input: 4 integers (or "
+                  "[height, width]).", is_shape=True),
+            Input("filter", type_attr="T",
+                  doc="[filter_height, filter_width, in_channels, out_channels]."),
+            Input("out_backprop", type_attr="T", doc="Gradient with respect to the output."),
+        ),
+        attrs=_C2_ATTRS,
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the input.",
+                        shape=""),),
+        type_attrs=_C2_T,
+        summary="Computes the gradients of convolution with respect to the input.",
+        description=_C2_DESC + " Per image, then TF's Col2im scatter-add. Where TF runs "
+        "oneDNN's gemm_smalln_tn (several images, OH*OW < 16, small work) the order is not "
+        "reproduced (docs/conv2d.md).",
+    ),
+    OpDef(
+        "Conv2DBackpropFilter", "conv2d",
+        inputs=(
+            Input("input", type_attr="T", doc="The forward op's 4-D input."),
+            Input("filter_sizes", "int32", doc="Shape of the filter, 4 integers.",
+                  is_shape=True),
+            Input("out_backprop", type_attr="T", doc="Gradient with respect to the output."),
+        ),
+        attrs=_C2_ATTRS,
+        outputs=(Output("output", type_attr="T", doc="Gradient with respect to the filter.",
+                        shape="values of filter_sizes"),),
+        type_attrs=_C2_T,
+        summary="Computes the gradients of convolution with respect to the filter.",
+        description=_C2_DESC + " Images in TF's L3-sized shards, each shard's contraction "
+        "added to the result.",
+    ),
+)
+# </conv2d>
+# <reduction>
+def _reduction(name: str, mean: bool) -> OpDef:
+    what = "mean" if mean else "sum"
+    return OpDef(
+        name, "reduction",
+        inputs=(
+            Input("input", type_attr="T", doc="The tensor to reduce."),
+            Input("axis", type_attr="Tidx", is_shape=True,
+                  doc="The dimensions to reduce, in [-rank(input), rank(input))."),
+        ),
+        attrs=(Attr("keep_dims", "bool", False,
+                    doc="If true, retain reduced dimensions with length 1."),),
+        outputs=(Output("output", type_attr="T", doc=f"The reduced tensor ({what})."),),
+        type_attrs=(TypeAttr("T", ("float32",)), TypeAttr("Tidx", ("int32", "int64"))),
+        summary=f"Computes the {what} of elements across dimensions of a tensor.",
+        description="Summed in float32 in Eigen's order for the collapsed shape (full, "
+        "inner, outer, middle or generic reduction; a full reduction of 108388 values or "
+        "more is split by TF's thread count)"
+        + (", then divided by float32(number of values summed)." if mean else ".")
+        + " Reducing nothing (no axes, or only size-1 dims) returns the input unchanged.",
+    )
+
+
+REDUCTION: tuple[OpDef, ...] = (_reduction("Sum", False), _reduction("Mean", True))
+# </reduction>
+# <softmax_xent>
+SOFTMAX_XENT: tuple[OpDef, ...] = (
+    OpDef(
+        "SparseSoftmaxCrossEntropyWithLogits", "softmax_xent",
+        inputs=(
+            Input("features", type_attr="T", doc="batch_size x num_classes matrix (logits)."),
+            Input("labels", type_attr="Tlabels",
+                  doc="batch_size vector with values in [0, num_classes)."),
+        ),
+        attrs=(),
+        outputs=(
+            Output("loss", type_attr="T", doc="Per example loss (batch_size vector)."),
+            Output("backprop", type_attr="T",
+                   doc="backpropagated gradients (batch_size x num_classes matrix)."),
+        ),
+        type_attrs=(TypeAttr("T", ("float32",)), TypeAttr("Tlabels", ("int32", "int64"))),
+        summary="Computes softmax cross entropy cost and gradients to backpropagate.",
+        description="loss = log(sum(exp(shifted))) - shifted[label] and backprop = "
+        "exp(shifted) / sum - onehot(label), with shifted = features - max(features) per "
+        "row, in float32 in TF's order: Eigen's vectorised exp (pexp) where TF evaluates "
+        "packets of 8, the C library's expf and logf elsewhere, Eigen's tree for the sum.",
+    ),
+)
+# </softmax_xent>
+# <softmax>
+SOFTMAX: tuple[OpDef, ...] = (
+    OpDef(
+        "Softmax", "softmax",
+        inputs=(Input("logits", type_attr="T", doc="Non-empty; softmax over the last "
+                      "dimension (2-D with shape [batch_size, num_classes] in TF's doc)."),),
+        attrs=(),
+        outputs=(Output("softmax", type_attr="T", doc="Same shape as logits."),),
+        type_attrs=(TypeAttr("T", ("float32",)),),
+        summary="Computes softmax activations.",
+        description="softmax = exp(shifted) * (1 / sum(exp(shifted))) per row of the last "
+        "dimension, with shifted = logits - max(logits), in float32 in TF's order: Eigen's "
+        "vectorised exp (pexp) where TF's tiled assignment evaluates packets of 8, the C "
+        "library's expf on each block's tail, Eigen's tree for the sum, the processor's "
+        "rcpps and a Newton step for the reciprocal of rows in packets of 8.",
+    ),
+)
+# </softmax>
+
 OPS: dict[str, OpDef] = {
-    op.name: op for op in FAKE_QUANT + BATCH_NORM + DEPTHWISE + FRACTIONAL_POOL
+    op.name: op for op in FAKE_QUANT + BATCH_NORM + DEPTHWISE + FRACTIONAL_POOL + ACTIVATION
+    + BIAS_ADD + MATMUL + CONV2D + REDUCTION + SOFTMAX_XENT + SOFTMAX
 }
 """Every op tfgrad implements, by TF name."""
 

@@ -102,7 +102,7 @@ def _convert(op: OpDef, inp: Input, arr: np.ndarray, target: str, from_python: b
         return arr
     src = dtype_name(arr.dtype)
     if from_python:
-        if target in _INT_NAMES and arr.dtype.kind == "f":
+        if target in _INT_NAMES and arr.dtype.kind == "f" and arr.size:  # ([] is float64)
             raise TypeError(f"{op.name}: input '{inp.name}' expects {target}, "
                             "got non-integer Python numbers")
     elif not ((_is_float(arr.dtype) and target in _FLOAT_NAMES)

@@ -25,6 +25,17 @@ def _as_rows(a: np.ndarray, d: int) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1, d)
 
 
+def nudge(mn: np.ndarray, mx: np.ndarray, num_bits: int, narrow_range: bool
+          ) -> tuple[np.ndarray, ...]:
+    """TF's Nudge of float32 min/max arrays of one shape: (nmin, nmax, scale, inv, qz,
+    zero), arrays of that shape (``ops.fake_quant.Nudged``'s fields)."""
+    shape = np.shape(mn)
+    f, zero = k.nudge(_flat(mn), _flat(mx), F32(1 if narrow_range else 0),
+                      F32((1 << num_bits) - 1))
+    f = f.reshape((5, *shape))
+    return f[0], f[1], f[2], f[3], f[4], zero.reshape(shape)
+
+
 def quantize(x: np.ndarray, p: Any, divide: bool) -> np.ndarray:
     """The forward for ``p`` (``ops.fake_quant.Nudged``): one range ([] arrays) or one per
     channel ([d]); ``divide``: Vars (t = shifted / scale)."""

@@ -3,7 +3,7 @@
 The functions have the names, argument names, defaults, layouts and outputs of tfgrad's
 functional API (and :mod:`tfgrad.torch`'s), take and return JAX arrays, and work under
 ``jax.jit``, ``jax.grad`` / ``jax.vjp``, ``jax.jvp`` / ``jax.jacfwd``, ``jax.vmap``,
-``shard_map`` and sharded ``jit``. :mod:`tfgrad.jax.raw_ops` has all 19 ops (gradient ops
+``shard_map`` and sharded ``jit``. :mod:`tfgrad.jax.raw_ops` has every op (gradient ops
 included) by TF name.
 
 Two implementations of every op (:func:`use_impl`):
@@ -59,6 +59,8 @@ from . import raw_ops
 from ._choice import use_impl
 
 __all__ = [
+    "bias_add",
+    "conv2d",
     "depthwise_conv2d_native",
     "fake_quant_with_min_max_args",
     "fake_quant_with_min_max_vars",
@@ -68,7 +70,14 @@ __all__ = [
     "fused_batch_norm",
     "fused_batch_norm_v2",
     "fused_batch_norm_v3",
+    "mat_mul",
+    "mean",
     "raw_ops",
+    "relu",
+    "relu6",
+    "softmax",
+    "sparse_softmax_cross_entropy_with_logits",
+    "sum",
     "use_impl",
 ]
 
@@ -169,3 +178,64 @@ def fractional_max_pool(value: Any, pooling_ratio: Sequence[float], pseudo_rando
                                      pseudo_random=pseudo_random, overlapping=overlapping,
                                      deterministic=deterministic, seed=seed, seed2=seed2)
 
+
+
+def conv2d(input: Any, filter: Any, strides: Sequence[int], padding: str,
+           use_cudnn_on_gpu: bool = True, explicit_paddings: Sequence[int] = (),
+           data_format: str = "NHWC", dilations: Sequence[int] = (1, 1, 1, 1), *,
+           name: str | None = None) -> jax.Array:
+    """``tfgrad.conv2d`` in JAX (NHWC), differentiable to any order (backward:
+    Conv2DBackpropInput / Conv2DBackpropFilter)."""
+    return raw_ops.Conv2D(input=input, filter=filter, strides=strides, padding=padding,
+                          use_cudnn_on_gpu=use_cudnn_on_gpu,
+                          explicit_paddings=explicit_paddings, data_format=data_format,
+                          dilations=dilations)
+
+
+def mat_mul(a: Any, b: Any, transpose_a: bool = False, transpose_b: bool = False,
+            grad_a: bool = False, grad_b: bool = False, *,
+            name: str | None = None) -> jax.Array:
+    """``tfgrad.mat_mul`` in JAX; backward: MatMul with TF's _MatMulGrad transposes."""
+    return raw_ops.MatMul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b,
+                          grad_a=grad_a, grad_b=grad_b)
+
+
+def bias_add(value: Any, bias: Any, data_format: str = "NHWC", *,
+             name: str | None = None) -> jax.Array:
+    """``tfgrad.bias_add`` in JAX; backward: the incoming gradient and BiasAddGrad."""
+    return raw_ops.BiasAdd(value=value, bias=bias, data_format=data_format)
+
+
+def relu(features: Any, *, name: str | None = None) -> jax.Array:
+    """``tfgrad.relu`` in JAX; backward: ReluGrad on the output."""
+    return raw_ops.Relu(features=features)
+
+
+def relu6(features: Any, *, name: str | None = None) -> jax.Array:
+    """``tfgrad.relu6`` in JAX; backward: Relu6Grad."""
+    return raw_ops.Relu6(features=features)
+
+
+def sum(input: Any, axis: Any, keep_dims: bool = False, *,
+        name: str | None = None) -> jax.Array:
+    """``tfgrad.sum`` in JAX (Eigen's reduction order); backward: a broadcast."""
+    return raw_ops.Sum(input=input, axis=axis, keep_dims=keep_dims)
+
+
+def mean(input: Any, axis: Any, keep_dims: bool = False, *,
+         name: str | None = None) -> jax.Array:
+    """``tfgrad.mean`` in JAX; backward: a broadcast divided by the float32 count."""
+    return raw_ops.Mean(input=input, axis=axis, keep_dims=keep_dims)
+
+
+def sparse_softmax_cross_entropy_with_logits(features: Any, labels: Any, *,
+                                             name: str | None = None) -> Any:
+    """``tfgrad.sparse_softmax_cross_entropy_with_logits`` in JAX: (loss, backprop); the
+    loss is differentiable (grad_loss * backprop)."""
+    return raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=features, labels=labels)
+
+
+def softmax(logits: Any, *, name: str | None = None) -> jax.Array:
+    """``tfgrad.softmax`` in JAX (over the last axis); backward: TF's _SoftmaxGrad
+    composite, differentiated through the native code (not TF's bits: XLA's exp)."""
+    return raw_ops.Softmax(logits=logits)

@@ -1,4 +1,4 @@
-"""tfgrad's 19 ops as JAX primitives, generated from the op table and the gradient table.
+"""tfgrad's ops as JAX primitives, generated from the op table and the gradient table.
 
 Per op two primitives, created on first use:
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,12 +163,23 @@ def native_op(op_name: str) -> Callable[..., Any]:
     return getattr(module, op_name)
 
 
-def native_function(call: OpCall) -> Callable[..., list]:
-    """The native implementation as a function of the unbatched operands."""
+def takes_primal_outputs(op_name: str) -> bool:
+    """Whether the op's native function takes ``primal_outputs``: the op's own outputs
+    (TF's bits under the exact implementation), which its linearisation uses as constants
+    where TF's gradient function reads the forward's outputs (the loss's backprop)."""
+    return "primal_outputs" in inspect.signature(native_op(op_name)).parameters
+
+
+def native_function(call: OpCall, with_outputs: bool = False) -> Callable[..., list]:
+    """The native implementation as a function of the unbatched operands (followed, with
+    ``with_outputs``, by the op's outputs, passed on as ``primal_outputs``)."""
     fn, kwargs = native_op(call.op), call.kwargs()
+    n = len(call.names)
 
     def apply(*operands: jax.Array) -> list:
-        out = fn(**kwargs, **dict(zip(call.names, operands)))
+        extra = {"primal_outputs": tuple(operands[n:])} if with_outputs else {}
+        operands = operands[:n]
+        out = fn(**kwargs, **dict(zip(call.names, operands)), **extra)
         outs = out if isinstance(out, tuple) else (out,)
         want = specs(call, signature(operands))
         for o, (shape, _) in zip(outs, want):
@@ -352,13 +364,19 @@ def _op_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: OpCall,
         douts: Sequence[str] = lin.outputs
         if not tans:
             return outs, tangents_out
-        native = _batched(native_function(call), levels)
+        # (an op whose gradient function reads its own outputs gets them: the exact
+        # implementation's, not the native code's re-computation)
+        with_outputs = takes_primal_outputs(call.op)
+        native = _batched(native_function(call, with_outputs),
+                          tuple(m + (True,) * len(outs) for m in levels)
+                          if with_outputs else levels)
+        consts = list(outs) if with_outputs else []
 
         def restricted(*values: Any) -> list:
             operands = list(primals)
             for n, v in zip(tans, values):
                 operands[index[n]] = v
-            result = native(*operands)
+            result = native(*operands, *consts)
             return [result[out_names.index(o)] for o in douts]
 
         _, touts = jax.jvp(restricted, [primals[index[n]] for n in tans],

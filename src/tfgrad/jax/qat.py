@@ -16,8 +16,21 @@ variables unchanged. Jit it with ``training`` (and ``axis_name``) static; differ
 with respect to ``variables["params"]``: the state receives no gradient (tfmot's ranges
 are non-trainable: ``stop_gradient``). Fake quantization, depthwise convolution and 4-D
 batch norm run :mod:`tfgrad.jax`'s ops (TF's bits on a single CPU device, see
-``tfgrad.jax.use_impl``); Conv2D, Dense, pooling, softmax and 2-D batch norm run
-``jax.lax`` / ``jax.numpy`` (see docs/qat.md for the distances).
+``tfgrad.jax.use_impl``). With ``exact=True`` (the default) so does the rest of each Keras
+layer's computation, op for op as tf_keras runs it: Conv2D (``tf.nn.convolution``: the
+Conv2D op, then ``tf.nn.bias_add``), Dense (MatMul, BiasAdd), ReLU / ``relu`` (Relu),
+``ReLU(6.)`` / ``relu6`` (Relu6), GlobalAveragePooling2D (Mean over [1, 2]) and the 2-D
+batch norm's ``tf.nn.moments`` (Mean, SquaredDifference, Mean); ``exact=False`` runs those
+on ``jax.lax`` / ``jax.numpy``. Average pooling, softmax, dilated Conv2D, Dense on inputs of
+rank > 2 and the rest of the 2-D batch norm always run ``jax.numpy`` (see docs/qat.md for
+the distances). Around the ops, what remains is XLA's own arithmetic: elementwise adds
+(Add layers, the sum of a tensor's gradients where it has several consumers), pads,
+concatenations, max pooling and the range arithmetic below. A whole jitted training step
+is TF's bit for bit when its loss gradient and update are TF's too
+(``tests/test_qat_exact_step.py``): tf_keras' SGD ``var + (-grad * lr)`` needs the product
+fenced as below, and ``jax.grad`` of :mod:`tfgrad.jax`'s SparseSoftmaxCrossEntropyWithLogits
+multiplies by its native backprop (some entries an ulp off TF's), so the test states TF's
+gradient for the loss (``jax.custom_vjp`` over the op's own backprop).
 
 Exact range arithmetic under ``jit``: XLA's CPU compiler contracts a multiply feeding an
 add into one FMA (``xla`` always allows LLVM's FP-op fusion; ``lax.optimization_barrier``
@@ -65,6 +78,7 @@ from . import depthwise_conv2d_native as _depthwise
 from . import fake_quant_with_min_max_vars as _fq
 from . import fake_quant_with_min_max_vars_per_channel as _fq_pc
 from . import fused_batch_norm_v3 as _fbn
+from . import raw_ops as _raw
 
 Variables = dict[str, dict[str, dict[str, jax.Array]]]
 
@@ -248,16 +262,16 @@ def _window_counts(h: int, w: int, k: tuple[int, int], s: tuple[int, int],
     return (rows[:, None] * cols[None, :]).astype(np.float32)[None, :, :, None]
 
 
-def _relu_layer(x: jax.Array, cfg: Mapping[str, Any]) -> jax.Array:
+def _relu_layer(x: jax.Array, cfg: Mapping[str, Any], exact: bool = False) -> jax.Array:
+    """tf_keras' backend.relu: Relu6 for max_value 6, else Relu then a clip."""
     if float(cfg.get("negative_slope", 0.0) or 0.0) != 0.0 or float(
             cfg.get("threshold", 0.0) or 0.0) != 0.0:
         raise KerasFileError("ReLU with negative_slope or threshold is not supported")
     mx = cfg.get("max_value")
-    if mx is None:
-        return jax.nn.relu(x)
-    if float(mx) == 6.0:  # tf_keras' backend.relu takes tf.nn.relu6 for max_value 6
-        return jax.nn.relu6(x)
-    return jnp.clip(jax.nn.relu(x), None, float(mx))
+    if mx is not None and float(mx) == 6.0:  # tf_keras' backend.relu takes tf.nn.relu6
+        return _raw.Relu6(features=x) if exact else jax.nn.relu6(x)
+    y = _raw.Relu(features=x) if exact else jax.nn.relu(x)
+    return y if mx is None else jnp.clip(y, None, float(mx))
 
 
 def _mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
@@ -266,11 +280,31 @@ def _mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
     return _divide(x.sum(axes, keepdims=keepdims), np.float32(n))
 
 
+# --- TF's ops for the rest of a Keras layer (the exact path) ---------------------------
+
+def _tf_conv2d(x: jax.Array, k: jax.Array, s: tuple[int, int], padding: str) -> jax.Array:
+    """tf.nn.convolution of tf_keras' Conv2D (no dilation): the Conv2D op, NHWC / HWIO."""
+    return _raw.Conv2D(input=x, filter=k, strides=[1, s[0], s[1], 1],
+                       padding=padding.upper())
+
+
+def _tf_mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
+    return _raw.Mean(input=x, axis=list(axes), keep_dims=keepdims)
+
+
+def _tf_activate(x: jax.Array, name: str) -> jax.Array:
+    if name == "relu":  # tf_keras' activations.relu: tf.nn.relu
+        return _raw.Relu(features=x)
+    if name == "relu6":
+        return _raw.Relu6(features=x)
+    return _activate(x, name)
+
+
 class _Run:
     """One apply: the variables in, the new state out."""
 
     def __init__(self, variables: Mapping[str, Any], training: bool, axis_name: str | None,
-                 rng: jax.Array | None):
+                 rng: jax.Array | None, exact: bool = True):
         self.params = variables.get("params", {})
         self.state = variables.get("state", {})
         self.new_state: dict[str, dict[str, jax.Array]] = {
@@ -278,6 +312,7 @@ class _Run:
         self.training = training
         self.axis_name = axis_name
         self.rng = rng
+        self.exact = exact
 
     def weight(self, node: Node, attr: str) -> jax.Array | None:
         for group in (self.params, self.state):
@@ -304,12 +339,26 @@ class _Run:
 
     def bias(self, node: Node, y: jax.Array) -> jax.Array:
         b = self.weight(node, "bias")
-        return y if b is None else y + b
+        if b is None:
+            return y
+        return _raw.BiasAdd(value=y, bias=b) if self.exact else y + b
+
+    def activate(self, x: jax.Array, name: str) -> jax.Array:
+        return _tf_activate(x, name) if self.exact else _activate(x, name)
 
     def activation(self, node: Node, x: jax.Array) -> jax.Array:
         x = self.quantize(node, node.pre_activation, x)
-        x = _activate(x, node.activation)
+        x = self.activate(x, node.activation)
         return self.quantize(node, node.post_activation, x)
+
+    def conv2d(self, x: jax.Array, k: jax.Array, s: tuple[int, int], d: tuple[int, int],
+               padding: str) -> jax.Array:
+        if self.exact and d == (1, 1):
+            return _tf_conv2d(x, k, s, padding)
+        return _conv2d(x, k, s, d, padding)
+
+    def mean(self, x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
+        return _tf_mean(x, axes, keepdims) if self.exact else _mean(x, axes, keepdims)
 
     def layer(self, node: Node, xs: Sequence[jax.Array]) -> jax.Array:
         cfg, kind = node.config, node.kind
@@ -317,8 +366,8 @@ class _Run:
         if kind == "QuantizeLayer":
             y = x
         elif kind == "Conv2D":
-            y = _conv2d(x, self.kernel(node, "kernel"), _pair(cfg.get("strides", 1)),
-                        _pair(cfg.get("dilation_rate", 1)), str(cfg["padding"]))
+            y = self.conv2d(x, self.kernel(node, "kernel"), _pair(cfg.get("strides", 1)),
+                            _pair(cfg.get("dilation_rate", 1)), str(cfg["padding"]))
             y = self.activation(node, self.bias(node, y))
         elif kind == "DepthwiseConv2D":
             s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
@@ -329,17 +378,21 @@ class _Run:
             s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
             y = _depthwise(x, self.kernel(node, "depthwise_kernel"), [1, s[0], s[1], 1],
                            str(cfg["padding"]).upper(), dilations=[1, d[0], d[1], 1])
-            y = _conv2d(y, self.kernel(node, "pointwise_kernel"), (1, 1), (1, 1), "valid")
+            y = self.conv2d(y, self.kernel(node, "pointwise_kernel"), (1, 1), (1, 1), "valid")
             y = self.activation(node, self.bias(node, y))
         elif kind == "Dense":
-            y = jnp.matmul(x, self.kernel(node, "kernel"), precision=lax.Precision.HIGHEST)
+            k = self.kernel(node, "kernel")
+            if self.exact and x.ndim == 2:  # tf_keras' Dense: MatMul (rank 2), BiasAdd
+                y = _raw.MatMul(a=x, b=k)
+            else:
+                y = jnp.matmul(x, k, precision=lax.Precision.HIGHEST)
             y = self.activation(node, self.bias(node, y))
         elif kind == "BatchNormalization":
             y = self.batch_norm(node, x)
         elif kind == "ReLU":
-            y = _relu_layer(x, cfg)
+            y = _relu_layer(x, cfg, self.exact)
         elif kind == "Activation":
-            y = _activate(x, node.activation)
+            y = self.activate(x, node.activation)
         elif kind == "Add":
             y = xs[0]
             for other in xs[1:]:
@@ -352,7 +405,7 @@ class _Run:
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
             y = _pool(x, cfg, kind == "MaxPooling2D")
         elif kind == "GlobalAveragePooling2D":
-            y = _mean(x, (1, 2), bool(cfg.get("keepdims", False)))
+            y = self.mean(x, (1, 2), bool(cfg.get("keepdims", False)))
         elif kind == "Dropout":
             y = self.dropout(node, x, float(cfg.get("rate", 0.0)))
         elif kind == "Flatten":
@@ -402,9 +455,9 @@ class _Run:
             return _fbn(x, gamma, beta, mean, var, epsilon=eps, data_format="NHWC",
                         is_training=False).y
         # rank 2: Keras' unfused path (tf.nn.moments, tf.nn.batch_normalization)
-        if self.training:
-            bm = _mean(x, (0,), False)
-            bv = _mean(jnp.square(x - lax.stop_gradient(bm)), (0,), False)
+        if self.training:  # tf.nn.moments: Mean, SquaredDifference, Mean
+            bm = self.mean(x, (0,), False)
+            bv = self.mean(jnp.square(x - lax.stop_gradient(bm)), (0,), False)
             decay = np.float32(1.0 - momentum)
             um, uv = lax.stop_gradient(bm), lax.stop_gradient(bv)
             if self.axis_name is not None:
@@ -424,11 +477,13 @@ class KerasModel:
     """A tf_keras model (tfmot QAT or float) as pure JAX functions, built from its plan.
 
     ``variables``: the weights read from the file (see the module docstring);
-    ``apply(variables, *inputs, training)``: the forward pass.
+    ``apply(variables, *inputs, training)``: the forward pass. ``exact``: every layer's
+    computation on TF's ops (:func:`load_keras`).
     """
 
-    def __init__(self, plan: Plan, variables: Variables | None = None):
+    def __init__(self, plan: Plan, variables: Variables | None = None, exact: bool = True):
         self.plan = plan
+        self.exact = exact
         self.variables: Variables = variables if variables is not None else init_variables(
             plan)
 
@@ -450,7 +505,7 @@ class KerasModel:
         if len(inputs) != len(self.plan.inputs):
             raise TypeError(f"the model takes {len(self.plan.inputs)} input(s) "
                             f"({', '.join(self.plan.inputs)}); got {len(inputs)}")
-        run = _Run(variables, training, axis_name, rng)
+        run = _Run(variables, training, axis_name, rng, self.exact)
         values: dict[str, jax.Array] = {}
         for name, x in zip(self.plan.inputs, inputs):
             x = jnp.asarray(x)
@@ -529,17 +584,25 @@ def init_variables(plan: Plan) -> Variables:
     return {"params": params, "state": state}
 
 
-def load_keras(path: str | os.PathLike[str], quantize: bool | None = None) -> KerasModel:
+def load_keras(path: str | os.PathLike[str], quantize: bool | None = None,
+               exact: bool = True) -> KerasModel:
     """Build a JAX model from a tf_keras ``.h5`` model file.
 
     ``quantize=None`` loads the model as saved: a tfmot QAT model (QuantizeWrapperV2,
     QuantizeLayer and their ranges) as QAT, a float model as float; ``quantize=True``
     quantizes a float model as tfmot's ``quantize_model`` would (its ranges start at tfmot's
     initial values). The file is only read.
+
+    ``exact=True`` runs every layer's computation on TF's ops (:mod:`tfgrad.jax`'s Conv2D,
+    MatMul, BiasAdd, Relu, Relu6, Mean besides the quantizers, depthwise convolution and
+    batch norm), so that a jitted step on a single CPU device (``use_impl("exact")`` or
+    ``"auto"``) gives TF's bits wherever XLA's own arithmetic between the ops does (module
+    docstring); ``exact=False`` runs convolutions, dense layers, biases, activations and
+    global average pooling on ``jax.lax`` / ``jax.numpy``.
     """
     plan, f = _qat.load_plan(path, quantize)
     variables = load_weights(plan, f.weights, path=os.fspath(path), partial=quantize is True)
-    return KerasModel(plan, variables)
+    return KerasModel(plan, variables, exact)
 
 
 def load_weights(plan: Plan, weights: Mapping[str, Sequence[tuple[str, np.ndarray]]],

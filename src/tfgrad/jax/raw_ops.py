@@ -1,4 +1,4 @@
-"""All 19 ops in JAX, by TF name, with ``tf.raw_ops``' keyword arguments.
+"""Every op in JAX, by TF name, with ``tf.raw_ops``' keyword arguments.
 
 ``tfgrad.jax.raw_ops.DepthwiseConv2dNativeBackpropInput(input_sizes=..., filter=...,
 out_backprop=..., strides=..., padding=...)`` is ``tfgrad.raw_ops``' op over JAX arrays:

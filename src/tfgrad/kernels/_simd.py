@@ -207,6 +207,65 @@ def vstore(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     return types.none(arr, i, v), codegen
 
 
+def _first_lanes(builder, lanes, n):  # type: ignore[no-untyped-def]
+    """The mask <lane < n> (n an i64)."""
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(i64, lanes)
+    splat = builder.insert_element(ir.Constant(vt, ir.Undefined), n, ir.IntType(32)(0))
+    splat = builder.shuffle_vector(splat, splat,
+                                   ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+    return builder.icmp_unsigned("<", ir.Constant(vt, list(range(lanes))), splat)
+
+
+def _masked(vt: Vec, what: str) -> str:
+    return f"llvm.masked.{what}.v{vt.lanes}f{vt.dtype.bitwidth}.p0"
+
+
+@intrinsic
+def vload_part(typingctx, arr, i, n):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + n] in the first n lanes (0 < n <= lanes), +0 in the others; nothing
+    past i + n is read (a masked load): the channels past the last whole vector."""
+    vt = _vec_of(arr)
+    if vt is None or not isinstance(i, types.Integer) or not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        lt = _llvm_type(vt)
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], vt)
+        mask = _first_lanes(builder, vt.lanes,
+                            context.cast(builder, args[2], sig.args[2], types.int64))
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(lt, [ptr.type, ir.IntType(32), mask.type, lt]),
+            _masked(vt, "load"))
+        return builder.call(fn, [ptr, ir.IntType(32)(vt.dtype.bitwidth // 8), mask,
+                                 ir.Constant(lt, [0.0] * vt.lanes)])
+
+    return vt(arr, i, n), codegen
+
+
+@intrinsic
+def vstore_part(typingctx, arr, i, v, n):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + n] = v's first n lanes (a masked store; nothing else is written)."""
+    vt = _vec_of(arr)
+    if (vt is None or v != vt or not isinstance(i, types.Integer)
+            or not isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        lt = _llvm_type(vt)
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], vt)
+        mask = _first_lanes(builder, vt.lanes,
+                            context.cast(builder, args[3], sig.args[3], types.int64))
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [lt, ptr.type, ir.IntType(32), mask.type]),
+            _masked(vt, "store"))
+        builder.call(fn, [args[2], ptr, ir.IntType(32)(vt.dtype.bitwidth // 8), mask])
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v, n), codegen
+
+
 @intrinsic
 def vstore_nt(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
     """vstore that bypasses the caches (a non-temporal store): the output is written
@@ -553,6 +612,6 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 
 __all__ = ["Vec", "flush_denormal", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull",
-           "vhas_negzero", "vload", "vload_dup2", "vmax_keep", "vmin_bits", "vmul", "vmuladd",
-           "vput", "vstore", "vstore_nt", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
-           "vzeros_opaque", "zero_opaque"]
+           "vhas_negzero", "vload", "vload_dup2", "vload_part", "vmax_keep", "vmin_bits",
+           "vmul", "vmuladd", "vput", "vstore", "vstore_nt", "vstore_part", "vsub",
+           "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque", "zero_opaque"]

@@ -56,6 +56,42 @@ def _quant(x, nmin, nmax, scale, inv, qz, divide):
 
 
 # --------------------------------------------------------------------------------------
+# The nudged range (O(channels); a QAT step's ranges change every step, so this runs per call)
+# --------------------------------------------------------------------------------------
+@jit
+def nudge(mn, mx, qmin, qmax):  # pragma: no cover
+    """``ops.fake_quant._nudge`` operation for operation, each result flushed as there:
+    rows nmin, nmax, scale, inv, qz of a [5, channels] array, and the zero-range mask."""
+    out = np.empty((5, mn.size), F32)
+    nmin, nmax, scale, inv, qz = out[0], out[1], out[2], out[3], out[4]
+    zero = np.empty(mn.size, np.bool_)
+    span = qmax - qmin
+    for i in range(mn.size):
+        lo = _ftz(mn[i])
+        hi = _ftz(mx[i])
+        width = _ftz(hi - lo)
+        s = _ftz(width / span)
+        iv = _ftz(span / width)  # not 1 / scale: TF recomputes it for precision
+        zf = _ftz(qmin - _ftz(lo / s))
+        if zf < qmin:
+            zp = qmin
+        elif zf > qmax:
+            zp = qmax
+        elif zf != zf:  # NaN: x86's float -> int conversion, truncated to uint16
+            zp = _ZERO
+        else:  # std::round of zf >= 0, exact in float64
+            zp = F32(np.floor(np.float64(zf) + 0.5))
+        lo_n = _ftz((qmin - zp) * s)
+        nmin[i] = lo_n
+        nmax[i] = _ftz((qmax - zp) * s)
+        scale[i] = s
+        inv[i] = iv
+        qz[i] = np.floor(_ftz(_ftz(-lo_n * iv) + _HALF))
+        zero[i] = lo == _ZERO and hi == _ZERO
+    return out, zero
+
+
+# --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
 @Twins

@@ -85,11 +85,14 @@ class Nudged:
 def nudge(mn: np.ndarray, mx: np.ndarray, num_bits: int, narrow_range: bool) -> Nudged:
     """TF's ``Nudge`` (float32, FTZ) on arrays of min/max values.
 
-    Cached on the values (the same ranges come back call after call); the arrays of the
-    result are read-only since calls share them.
+    The reference's is cached on the values (the same ranges come back call after call;
+    its arrays are read-only since calls share them); the kernels' is compiled, as a QAT
+    step's ranges change every step.
     """
     mn = np.asarray(mn, F32)
     mx = np.asarray(mx, F32)
+    if not _config.use_reference():
+        return Nudged(*_dispatch().nudge(mn, mx, num_bits, narrow_range))
     return _nudge_cached(mn.tobytes(), mx.tobytes(), mn.shape, num_bits, narrow_range)
 
 

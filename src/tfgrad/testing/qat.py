@@ -125,6 +125,13 @@ def _mobilenet_v2(k: Any) -> Any:
                                       classes=10)
 
 
+def _mobilenet_v2_logits(k: Any) -> Any:
+    """MobileNetV2 as above, returning logits (no softmax layer): what a training step
+    with TF's sparse softmax cross entropy takes."""
+    return k.applications.MobileNetV2(alpha=0.35, input_shape=(32, 32, 3), weights=None,
+                                      classes=10, classifier_activation=None)
+
+
 MODELS: dict[str, Callable[[Any], Any]] = {
     "depthwise_chain": _depthwise_chain,
     "cnn": _cnn,
@@ -132,6 +139,8 @@ MODELS: dict[str, Callable[[Any], Any]] = {
     "separable": _separable,
     "mobilenet_v2": _mobilenet_v2,
 }
+LOGIT_MODELS: dict[str, Callable[[Any], Any]] = {"mobilenet_v2_logits": _mobilenet_v2_logits}
+"""Further models for the whole-step tests only (not in every parity run)."""
 
 
 def input_shape(model: Any) -> tuple[int, ...]:
@@ -144,7 +153,7 @@ def tfmot_qat(name: str, folder: str, seed: int = 0) -> tuple[str, str]:
     QAT)."""
     k = keras()
     k.utils.set_random_seed(seed)
-    float_model = MODELS[name](k)
+    float_model = {**MODELS, **LOGIT_MODELS}[name](k)
     rng = np.random.default_rng(seed)
     for w in float_model.weights:  # non-trivial BN statistics and biases too
         if "moving_variance" in w.name or "gamma" in w.name:
@@ -211,6 +220,53 @@ def tf_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
         for v, g in zip(model.trainable_weights, grads):
             v.assign_sub(lr32 * g)
         out.append({"y": y.numpy(), "weights": layer_weights(model)})
+    return out
+
+
+def tf_xent_steps(model: Any, xs: list[np.ndarray], labels: list[np.ndarray], lr: float
+                  ) -> list[dict[str, Any]]:
+    """A tf_keras training step as TF computes it: the mean of
+    ``tf.nn.sparse_softmax_cross_entropy_with_logits`` and tf_keras' SGD (``var + (-grad *
+    lr)``, float32, two roundings). Per step: the loss, the training forward's output and
+    every layer's weights after the update."""
+    import tensorflow as tf
+
+    opt = keras().optimizers.SGD(learning_rate=lr)
+    out = []
+    for x, t in zip(xs, labels):
+        with tf.GradientTape() as tape:
+            y = model(x, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=t, logits=y))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_weights),
+                                model.trainable_weights))
+        out.append({"loss": loss.numpy(), "y": y.numpy(), "weights": layer_weights(model)})
+    return out
+
+
+def torch_xent_steps(model: Any, xs: list[np.ndarray], labels: list[np.ndarray], lr: float
+                     ) -> list[dict[str, Any]]:
+    """:func:`tf_xent_steps` on a ``tfgrad.torch.qat`` module: TF's loss through
+    ``tfgrad.torch`` (SparseSoftmaxCrossEntropyWithLogits, then Mean) and the update as
+    tf_keras' SGD rounds it."""
+    import torch
+
+    import tfgrad.torch as tt
+
+    model.train()
+    lr32 = torch.tensor(lr, dtype=torch.float32)
+    out = []
+    for x, t in zip(xs, labels):
+        y = model(torch.from_numpy(x))
+        per_example = tt.sparse_softmax_cross_entropy_with_logits(y, torch.from_numpy(t))[0]
+        loss = tt.mean(per_example, [0])
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(-p.grad * lr32)
+                p.grad = None
+        out.append({"loss": loss.detach().numpy(), "y": y.detach().numpy(),
+                    "weights": model.keras_weights()})
     return out
 
 

@@ -1,4 +1,4 @@
-"""``tfgrad.torch.<op_name>``: the 19 operators as functions with TF's wrapper signatures.
+"""``tfgrad.torch.<op_name>``: the operators as functions with TF's wrapper signatures.
 
 Generated from the op table, as ``tfgrad.<op_name>``: inputs positional, attrs as keywords
 with TF's defaults, ``name=`` accepted and ignored; multi-output ops return

@@ -1,4 +1,4 @@
-"""tfgrad's 19 ops as PyTorch operators: ``torch.ops.tfgrad.<op_name>``.
+"""tfgrad's ops as PyTorch operators: ``torch.ops.tfgrad.<op_name>``.
 
 Everything here is generated from two tables: the op table (:mod:`tfgrad._opdefs`: the
 schema, the fake implementation's shapes and dtypes through :mod:`tfgrad._shapes`) and the
@@ -316,6 +316,11 @@ def _computed_size(op: OpDef, output: str, shape: tuple[int, ...],
             int(s)  # (a guard: the output's height and width depend on these)
         size[n], size[c] = x[n], x[c] * f[3]  # (out_depth = in_depth * multiplier)
         return size
+    if "value" not in tensors:  # any other op: its example sizes, each a guard
+        for t in tensors.values():
+            for s in t.shape:
+                int(s)
+        return size
     x = tensors["value"].shape  # fractional pooling: NHWC
     int(x[1]), int(x[2])  # (guards: the rows, columns and sequences depend on H and W)
     if output == "output":
@@ -405,7 +410,7 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
                                for name, src in c.args.items()],
                               [at.name for at in OPS[c.op].attrs],
                               [(input_names.index(k), grad_outs.index(g))
-                               for k, g in c.gives.items()]))
+                               for k, g in c.gives.items()], c.fixed))
             found = plans[key] = (sorted(need), steps)
         return found
 
@@ -440,7 +445,7 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
                 "detach it).")
         needs = ctx.needs_input_grad
         bound = ctx.bound
-        for grad_op, gives, sources, attrs, into in ctx.steps:
+        for grad_op, gives, sources, attrs, into, fixed in ctx.steps:
             if not any(needs[k] for k in gives):
                 continue
             args: dict[str, Any] = {}
@@ -457,8 +462,8 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
                     args[name] = list(ctx.shapes[src])
                 else:
                     args[name] = saved[src]
-            for n in attrs:
-                args[n] = bound[n]
+            for n in attrs:  # the forward's attrs, but those the call fixes (GradCall.fixed)
+                args[n] = fixed[n] if n in fixed else bound[n]
             res = invoke(grad_op, args)
             res = res if isinstance(res, tuple) else (res,)
             for k, r in into:

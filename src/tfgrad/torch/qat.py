@@ -6,9 +6,11 @@ The module takes and returns NHWC float32 tensors, as the Keras model does. Its
 range variables, batch norm's moving statistics and tfmot's ``optimizer_step`` are buffers
 (never trained: tfmot's are non-trainable). ``module.train()`` is Keras' ``training=True``:
 each quantizer updates its range before use, as tfmot does; ``module.eval()`` uses the
-stored ranges. Fake quantization, depthwise convolution and (4-D) batch norm run tfgrad's
-operators (TF's bits on the CPU); Conv2D, Dense, pooling, softmax and 2-D batch norm run
-torch's own ops (see docs/qat.md for the distances).
+stored ranges. With ``exact=True`` (the default) every layer's computation runs on
+tfgrad's operators (TF's bits on the CPU): fake quantization, depthwise convolution, batch
+norm, Conv2D, MatMul, BiasAdd, Relu/Relu6, Softmax (last axis) and Mean; average
+pooling, 2-D batch norm's rsqrt and what else tfgrad has no op for run torch's own
+(docs/qat.md: the distances).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ _fq = FUNCTIONS["fake_quant_with_min_max_vars"]
 _fq_pc = FUNCTIONS["fake_quant_with_min_max_vars_per_channel"]
 _depthwise = FUNCTIONS["depthwise_conv2d_native"]
 _fbn = FUNCTIONS["fused_batch_norm_v3"]
+# TF's ops for the rest of a Keras layer's computation (the exact path)
+_conv2d_tf = FUNCTIONS["conv2d"]
+_matmul = FUNCTIONS["mat_mul"]
+_bias_add = FUNCTIONS["bias_add"]
+_relu = FUNCTIONS["relu"]
+_relu6 = FUNCTIONS["relu6"]
+_mean = FUNCTIONS["mean"]
+_softmax = FUNCTIONS["softmax"]  # (tf.nn.softmax over the last axis: TF's Softmax op)
 
 # float32(1 - 0.999), as assign_moving_average converts the Python float
 _EMA = torch.tensor(1.0 - 0.999, dtype=torch.float32)
@@ -119,15 +129,15 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
-def _activate(x: torch.Tensor, name: str) -> torch.Tensor:
+def _activate(x: torch.Tensor, name: str, exact: bool = False) -> torch.Tensor:
     if name in ("linear", "noop"):
         return x
     if name == "relu":
-        return torch.relu(x)
+        return _relu(x) if exact else torch.relu(x)
     if name == "relu6":
-        return F.relu6(x)
+        return _relu6(x) if exact else F.relu6(x)
     if name == "softmax":
-        return torch.softmax(x, -1)
+        return _softmax(x) if exact else torch.softmax(x, -1)
     if name == "sigmoid":
         return torch.sigmoid(x)
     if name == "tanh":
@@ -141,9 +151,10 @@ class Layer(nn.Module):
     """One node of the plan: its weights (parameters and buffers under their Keras
     attribute names) and quantizers, and the Keras layer's computation."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, exact: bool = True):
         super().__init__()
         self.node = node
+        self.exact = exact
         for w in node.weights:
             if w.attr == "optimizer_step":
                 self.register_buffer("optimizer_step", torch.tensor(-1, dtype=torch.int32))
@@ -170,7 +181,7 @@ class Layer(nn.Module):
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_activation is not None:
             x = self.pre_activation(x)
-        x = _activate(x, self.node.activation)
+        x = _activate(x, self.node.activation, self.exact)
         if self.post_activation is not None:
             x = self.post_activation(x)
         return x
@@ -198,13 +209,15 @@ class Layer(nn.Module):
             y = _conv2d(y, self.pointwise_kernel, (1, 1), (1, 1), "valid")
             y = self._activation(self._bias(y))
         elif kind == "Dense":
-            y = self._activation(self._bias(x @ self._w("kernel")))
+            k = self._w("kernel")
+            y = _matmul(x, k) if self.exact and x.dim() == 2 else x @ k
+            y = self._activation(self._bias(y))
         elif kind == "BatchNormalization":
             y = self._batch_norm(x, cfg)
         elif kind == "ReLU":
-            y = _relu_layer(x, cfg)
+            y = _relu_layer(x, cfg, self.exact)
         elif kind == "Activation":
-            y = _activate(x, n.activation)
+            y = _activate(x, n.activation, self.exact)
         elif kind == "Add":
             y = xs[0]
             for other in xs[1:]:
@@ -217,7 +230,8 @@ class Layer(nn.Module):
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
             y = _pool(x, cfg, kind == "MaxPooling2D")
         elif kind == "GlobalAveragePooling2D":
-            y = x.mean(dim=(1, 2), keepdim=bool(cfg.get("keepdims", False)))
+            keep = bool(cfg.get("keepdims", False))
+            y = _mean(x, [1, 2], keep) if self.exact else x.mean(dim=(1, 2), keepdim=keep)
         elif kind == "Dropout":
             y = F.dropout(x, float(cfg.get("rate", 0.0)), self.training)
         elif kind == "Flatten":
@@ -225,7 +239,9 @@ class Layer(nn.Module):
         elif kind == "Reshape":
             y = x.reshape(x.shape[0], *[int(v) for v in cfg["target_shape"]])
         elif kind == "Softmax":
-            y = torch.softmax(x, int(cfg.get("axis", -1)))
+            axis = int(cfg.get("axis", -1))
+            last = axis in (-1, x.dim() - 1)  # (TF's Softmax op; other axes transpose)
+            y = _softmax(x) if self.exact and last else torch.softmax(x, axis)
         else:  # the plan refuses any other kind
             raise KerasFileError(f"layer {n.name!r}: {kind}")
         if self.output is not None:
@@ -234,11 +250,17 @@ class Layer(nn.Module):
 
     def _bias(self, y: torch.Tensor) -> torch.Tensor:
         bias = getattr(self, "bias", None)
-        return y + bias if isinstance(bias, torch.Tensor) else y
+        if not isinstance(bias, torch.Tensor):
+            return y
+        return _bias_add(y, bias) if self.exact else y + bias
 
     def _conv(self, x: torch.Tensor, cfg: Any) -> torch.Tensor:
-        y = _conv2d(x, self._w("kernel"), _pair(cfg.get("strides", 1)),
-                    _pair(cfg.get("dilation_rate", 1)), str(cfg["padding"]).lower())
+        s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
+        if self.exact and d == (1, 1):
+            y = _conv2d_tf(x, self._w("kernel"), strides=[1, s[0], s[1], 1],
+                           padding=str(cfg["padding"]).upper())
+        else:
+            y = _conv2d(x, self._w("kernel"), s, d, str(cfg["padding"]).lower())
         return self._activation(self._bias(y))
 
     def _batch_norm(self, x: torch.Tensor, cfg: Any) -> torch.Tensor:
@@ -266,9 +288,10 @@ class Layer(nn.Module):
             return _fbn(x, gamma, beta, self.moving_mean, self.moving_variance, epsilon=eps,
                         data_format="NHWC", is_training=False)[0]
         # rank 2: Keras' unfused path (tf.nn.moments, tf.nn.batch_normalization)
-        if self.training:
-            mean = x.mean(0)
-            var = (x - mean.detach()).square().mean(0)
+        if self.training:  # (tf.nn.moments: Mean, SquaredDifference, Mean)
+            mean = _mean(x, [0]) if self.exact else x.mean(0)
+            sq = (x - mean.detach()).square()
+            var = _mean(sq, [0]) if self.exact else sq.mean(0)
             with torch.no_grad():
                 decay = torch.tensor(1.0 - momentum, dtype=torch.float32)
                 self.moving_mean.sub_((self.moving_mean - mean) * decay)
@@ -292,16 +315,16 @@ def _conv2d(x: torch.Tensor, k: torch.Tensor, s: tuple[int, int], d: tuple[int, 
     return y.permute(0, 2, 3, 1)
 
 
-def _relu_layer(x: torch.Tensor, cfg: Any) -> torch.Tensor:
+def _relu_layer(x: torch.Tensor, cfg: Any, exact: bool = False) -> torch.Tensor:
+    """tf_keras' backend.relu: Relu6 for max_value 6, else Relu then a clip."""
     mx = cfg.get("max_value")
     if float(cfg.get("negative_slope", 0.0) or 0.0) != 0.0 or float(
             cfg.get("threshold", 0.0) or 0.0) != 0.0:
         raise KerasFileError("ReLU with negative_slope or threshold is not supported")
-    if mx is None:
-        return torch.relu(x)
-    if float(mx) == 6.0:
-        return F.relu6(x)
-    return torch.clamp(torch.relu(x), max=float(mx))
+    if mx is not None and float(mx) == 6.0:
+        return _relu6(x) if exact else F.relu6(x)
+    y = _relu(x) if exact else torch.relu(x)
+    return y if mx is None else torch.clamp(y, max=float(mx))
 
 
 def _pool(x: torch.Tensor, cfg: Any, is_max: bool) -> torch.Tensor:
@@ -325,15 +348,16 @@ def _pool(x: torch.Tensor, cfg: Any, is_max: bool) -> torch.Tensor:
 class KerasModel(nn.Module):
     """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, exact: bool = True):
         super().__init__()
         self.plan = plan
+        self.exact = exact
         self.layers = nn.ModuleDict()
         # the graph walk, worked out once: (node name, module key, input names)
         self._walk: list[tuple[str, str, tuple[str, ...]]] = []
         for node in plan.nodes:
             if node.kind != "InputLayer":
-                self.layers[_key(node.name)] = Layer(node)
+                self.layers[_key(node.name)] = Layer(node, exact)
                 self._walk.append((node.name, _key(node.name), node.inputs))
         self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
 
@@ -379,16 +403,22 @@ def _tensor_of(layer: Layer, w: _qat.Weight) -> torch.Tensor:
     return getattr(q, end)
 
 
-def load_keras(path: str | os.PathLike[str], quantize: bool | None = None) -> KerasModel:
+def load_keras(path: str | os.PathLike[str], quantize: bool | None = None,
+               exact: bool = True) -> KerasModel:
     """Build a torch module from a tf_keras ``.h5`` model file.
 
     ``quantize=None`` loads the model as saved: a tfmot QAT model (QuantizeWrapperV2,
     QuantizeLayer and their ranges) as QAT, a float model as float; ``quantize=True``
     quantizes a float model as tfmot's ``quantize_model`` would (its ranges start at tfmot's
     initial values). The file is only read.
+
+    ``exact=True`` runs every layer's computation on TF's ops (tfgrad's: Conv2D, MatMul,
+    BiasAdd, Relu, Relu6, Mean besides the quantizers, depthwise convolution and batch
+    norm), so that a step on the CPU gives TF's bits; ``exact=False`` runs convolutions,
+    dense layers, biases, activations and pooling on torch's own ops.
     """
     plan, f = _qat.load_plan(path, quantize)
-    model = KerasModel(plan)
+    model = KerasModel(plan, exact)
     load_weights(model, f.weights, path=os.fspath(path), partial=quantize is True)
     return model
 

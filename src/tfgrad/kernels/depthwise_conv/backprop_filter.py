@@ -14,8 +14,10 @@ from .._simd import (
     nlanes,
     prefetch,
     vload,
+    vload_part,
     vmuladd,
     vstore,
+    vstore_part,
     vzeros,
 )
 from .common import (
@@ -480,14 +482,25 @@ def make_vec(FH: int, FW: int):
                         for k in range(nr):  # lanes past the last full vector
                             for c in range(FW):
                                 e = b + (k * FW + c) * CM
-                                for ch in range(CV, CM):
-                                    s_ = bf[e + ch]
+                                if CM - CV == 1:  # one: scalar
+                                    s_ = bf[e + CV]
                                     for j in range(ow):
                                         jj = j * sw - pl + c * dw
                                         xv = zero
                                         if ok[k] and 0 <= jj < W:
-                                            xv = src[ro[k] + jj * CM + ch]
-                                        s_ = s_ + gf[go + j * CM + ch] * xv
-                                    bf[e + ch] = s_
+                                            xv = src[ro[k] + jj * CM + CV]
+                                        s_ = s_ + gf[go + j * CM + CV] * xv
+                                    bf[e + CV] = s_
+                                elif CV < CM:  # more: one partial vector, the same order
+                                    sv = vload_part(bf, e + CV, CM - CV)
+                                    for j in range(ow):
+                                        jj = j * sw - pl + c * dw
+                                        if ok[k] and 0 <= jj < W:
+                                            xv_ = vload_part(src, ro[k] + jj * CM + CV, CM - CV)
+                                        else:
+                                            xv_ = vzeros(src)
+                                        sv = vmuladd(sv, vload_part(gf, go + j * CM + CV,
+                                                                    CM - CV), xv_)
+                                    vstore_part(bf, e + CV, sv, CM - CV)
 
     return kernel

@@ -17,10 +17,12 @@ from .._simd import (
     prefetch,
     vhas_negzero,
     vload,
+    vload_part,
     vmin_bits,
     vmuladd,
     vpairsum,
     vput,
+    vstore_part,
     vzeros,
     vzeros_opaque,
     zero_opaque,
@@ -480,7 +482,7 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
                                 neg = neg or vhas_negzero(v)
                             u1 = u + 1
                         for up in range(u, u1):  # lanes past the last full vector (never
-                            for ch in range(CV, CM):  # blocked: g's own layout)
+                            if CM - CV == 1:  # blocked: g's own layout): one lane, scalar
                                 s_ = zero_opaque(w)
                                 for r in range(FH):
                                     if not rowok[r]:
@@ -488,10 +490,23 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
                                     for c in range(FW):
                                         oj = tapb[c] + up
                                         if taphit[c] and 0 <= oj < ow:
-                                            wv_ = wf[(r * FW + c) * CM + ch]
-                                            s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + ch]
-                                dst[db + (ph + up * sw) * CM + ch] = s_
+                                            wv_ = wf[(r * FW + c) * CM + CV]
+                                            s_ = s_ + wv_ * gf[rowoff[r] + oj * CM + CV]
+                                dst[db + (ph + up * sw) * CM + CV] = s_
                                 neg = neg or _negzero(s_)
+                            elif CV < CM:  # more: one partial vector, taps in the same order
+                                v = vzeros_opaque(w)
+                                for r in range(FH):
+                                    if not rowok[r]:
+                                        continue
+                                    for c in range(FW):
+                                        oj = tapb[c] + up
+                                        if taphit[c] and 0 <= oj < ow:
+                                            v = vmuladd(
+                                                v, vload_part(wf, (r * FW + c) * CM + CV, CM - CV),
+                                                vload_part(gf, rowoff[r] + oj * CM + CV, CM - CV))
+                                vstore_part(dst, db + (ph + up * sw) * CM + CV, v, CM - CV)
+                                neg = neg or vhas_negzero(v)
                         u = u1
                     if pair:  # the pixels left to per
                         for up in range(u2, Up):

@@ -15,9 +15,11 @@ from .._simd import (
     prefetch,
     vhas_negzero,
     vload,
+    vload_part,
     vmin_bits,
     vmuladd,
     vput,
+    vstore_part,
     vzeros,
     vzeros_opaque,
     zero_opaque,
@@ -253,7 +255,6 @@ def make_vec(FH: int, FW: int, *, stream: bool):
         PS = NL if blocked else CM  # src's pixel stride
         CS = W * NL if blocked else NL  # src's channel-vector stride
         xf, wf, of = x.reshape(x.size), w.reshape(w.size), out.reshape(out.size)
-        zero = np.zeros(1, x.dtype)[0]
         R = _ring_rows(FH, dh) if M > 1 else 0
         ring = aligned_scratch(R * WC, x)
         tags = np.full(R, -1, np.int64)
@@ -333,18 +334,32 @@ def make_vec(FH: int, FW: int, *, stream: bool):
                             vput(of, ob + j * CM + ch, v, stream)
                             neg = neg or vhas_negzero(v)
                         j1 = j + 1
-                    for jp in range(j, j1):  # lanes past the last full vector (never blocked)
-                        for ch in range(CV, CM):
+                    if CM - CV == 1:  # one lane past the last full vector: scalar
+                        for jp in range(j, j1):
                             s_ = zero_opaque(x)
                             for r in range(FH):
                                 for c in range(FW):
                                     jj = jp * sw - pl + c * dw
-                                    xv = zero
+                                    xv = zero_opaque(x)
                                     if rowok[r] and 0 <= jj < W:
-                                        xv = src[rowoff[r] + jj * CM + ch]
-                                    s_ = s_ + xv * wf[(r * FW + c) * CM + ch]
-                            of[ob + jp * CM + ch] = s_
+                                        xv = src[rowoff[r] + jj * CM + CV]
+                                    s_ = s_ + xv * wf[(r * FW + c) * CM + CV]
+                            of[ob + jp * CM + CV] = s_
                             neg = neg or _negzero(s_)
+                    elif CV < CM:  # lanes past the last full vector (never blocked): one
+                        for jp in range(j, j1):  # partial vector, taps in order as above
+                            v = vzeros_opaque(x)
+                            for r in range(FH):
+                                for c in range(FW):
+                                    jj = jp * sw - pl + c * dw
+                                    wv = vload_part(wf, (r * FW + c) * CM + CV, CM - CV)
+                                    if rowok[r] and 0 <= jj < W:
+                                        xv = vload_part(src, rowoff[r] + jj * CM + CV, CM - CV)
+                                    else:
+                                        xv = vzeros(x)
+                                    v = vmuladd(v, xv, wv)
+                            vstore_part(of, ob + jp * CM + CV, v, CM - CV)
+                            neg = neg or vhas_negzero(v)
                     j = j1
                 negz[t] = neg
 

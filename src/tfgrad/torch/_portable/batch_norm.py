@@ -55,6 +55,13 @@ BOUNDS: Bounds = bounds_by_output(_FWD + _GRAD, {
     "reserve_space_4": {"float32": 0},
     "reserve_space_5": {"float32": 0},
 })
+BOUNDS_COUNT = 162
+"""The most values per channel in the case table, on which BOUNDS were measured."""
+SUM_OUTPUTS = ("y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2",
+               "scale_backprop", "offset_backprop")
+"""Outputs that sum over the batch: beyond BOUNDS_COUNT values per channel their bound
+grows with the count (``tfgrad._distance.sum_bound``; tests/test_portable_batch_norm.py
+checks 4,096 and 65,536)."""
 
 NOTES: dict[str, str] = {
     op: "Denormal inputs and intermediates are not flushed to zero (TF's FTZ / DAZ); only "

@@ -1,0 +1,292 @@
+"""How TF 2.21's CPU contractions order their sums (MatMul now; 1x1 Conv2D and the conv
+backprops reuse it): Eigen's ThreadPool tensor contraction (TensorContractionThreadPool.h)
+chooses k-blocks, and each block goes to oneDNN's JIT sgemm
+(``TENSORFLOW_USE_MKLDNN_CONTRACTION_KERNEL``), whose AVX-512 nocopy kernel keeps one
+accumulator per output and runs one FMA chain from +0 over each of its K passes.
+
+So every output is ``C = ((0 + chain(r0)) + chain(r1)) + ...`` over consecutive k-ranges
+``r`` (Eigen's k-blocks, each split further by oneDNN's K passes), each chain
+``acc = fma(a[k], b[k], acc)`` from +0, each ``+`` one float32 add; with K-sharding, the
+shards' partial results (each such a sum over its own range) are added in Eigen's order.
+
+Eigen's names are used: the contraction is ``C[m, n] = sum_k L[m, k] R[k, n]`` in
+column-major terms; TF's MatMul ``[M, K] x [K, N]`` (row-major) is Eigen's m = N, n = M.
+What depends on the machine: the thread count (sequential vs parallel blocking, K-sharding),
+the L1 size Eigen reads (CPUID: leaf 0x80000005 on AMD, leaf 4 on Intel) and oneDNN's
+instruction set (AVX-512 here: FMA, K passes of 384). This module is plain Python: the
+plan, which the NumPy reference and the compiled kernels both follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .eigen import num_threads as _num_threads
+from .fpenv import flushed
+
+# This build's Eigen gebp traits for float (AVX packets, no FMA in Eigen's own code):
+# mr = 2 packets of 8, nr = 4 (Traits::mr, Traits::nr).
+MR, NR = 16, 4
+PACKET = 8
+_K_DIV = MR * 4 + NR * 4  # KcFactor * (mr * sizeof(float) + nr * sizeof(float)) = 80
+_K_SUB = MR * NR * 4  # mr * nr * sizeof(float) = 256
+# oneDNN's AVX-512 nocopy sgemm: K passes of at most BK (jit_avx512_common_gemm_f32.cpp).
+ONEDNN_BK = 384
+# Eigen's TensorCostModel constants (load / store cycles per byte).
+LOAD = 11.0 / 64
+STORE = 11.0 / 64
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One K-shard's sums (Eigen's whole contraction when it does not shard by K)."""
+
+    blocks: tuple[tuple[int, int], ...]
+    """Eigen's k-blocks, in order: each one call of oneDNN's sgemm per output block."""
+    ranges: tuple[tuple[int, int], ...]
+    """The FMA chains of the nocopy kernel: ``blocks`` split by oneDNN's K passes."""
+    gemv_m: bool
+    """Eigen's last m-block has one row (oneDNN M = 1: ``gemv_t``): TF's last column
+    (all of it when m == 1: Conv2D with one output channel, verified)."""
+    gemv_n: bool
+    """Eigen's last n-block has one column (oneDNN N = 1: ``gemv_n``): TF's last row."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The order of the outputs' sums: ``shards`` (one unless Eigen shards by the inner
+    dimension), each a sum over its k-blocks added in order to a zero; the shards'
+    results combined as :func:`combine_order` says."""
+
+    shards: tuple[Shard, ...]
+    path: str
+    """``"sequential"``, ``"parallel"`` or ``"sharded"`` (which blocking Eigen ran)."""
+
+
+# --------------------------------------------------------------------------------------
+# Block sizes
+# --------------------------------------------------------------------------------------
+def _heuristic(k: int, m: int, n: int, t: int, l1: int, l2: int, l3: int
+               ) -> tuple[int, int, int]:
+    """Eigen's ``evaluateProductBlockingSizesHeuristic`` (GeneralBlockPanelKernel.h):
+    (kc, mc, nc) for an m x k times k x n product on ``t`` threads (1: sequential)."""
+    if t > 1:
+        # kc capped at 320 ("once the latency is hidden there is no point in increasing k")
+        k_cache = max(8, min((l1 - _K_SUB) // _K_DIV, 320))
+        if k_cache < k:
+            k = k_cache - k_cache % 8
+        n_cache = (l2 - l1) // (NR * 4 * k)
+        n_per = -(-n // t)
+        if n_cache <= n_per:
+            n = n_cache - n_cache % NR
+        else:
+            n = min(n, n_per + NR - 1 - (n_per + NR - 1) % NR)
+        if l3 > l2:
+            m_cache = (l3 - l2) // (4 * k * t)
+            m_per = -(-m // t)
+            if MR <= m_cache < m_per:
+                m = m_cache - m_cache % MR
+            else:
+                m = min(m, m_per + MR - 1 - (m_per + MR - 1) % MR)
+        return k, m, n
+    if max(k, m, n) < 48:  # small problems are not blocked
+        return k, m, n
+    max_kc = max(((l1 - _K_SUB) // _K_DIV) & ~7, 1)
+    old_k = k
+    if k > max_kc:  # the last block as large as possible, the same number of sweeps
+        k = max_kc if k % max_kc == 0 else (
+            max_kc - 8 * ((max_kc - 1 - k % max_kc) // (8 * (k // max_kc + 1))))
+    actual_l2 = 1572864  # Eigen's fixed 1.5 MB
+    remaining_l1 = l1 - _K_SUB - m * k * 4
+    if remaining_l1 >= NR * 4 * k:
+        max_nc = remaining_l1 // (k * 4)
+    else:
+        max_nc = (3 * actual_l2) // (2 * 2 * max_kc * 4)
+    nc = min(actual_l2 // (2 * k * 4), max_nc) & ~(NR - 1)
+    if n > nc:
+        n = nc if n % nc == 0 else nc - NR * ((nc - n % nc) // (NR * (n // nc + 1)))
+    elif old_k == k:
+        problem = k * n * 4
+        actual_lm, max_mc = actual_l2, m
+        if problem <= 1024:
+            actual_lm = l1
+        elif l3 != 0 and problem <= 32768:
+            actual_lm, max_mc = l2, min(576, max_mc)
+        mc = min(actual_lm // (3 * k * 4), max_mc)
+        if mc > MR:
+            mc -= mc % MR
+        elif mc == 0:
+            return k, m, n
+        m = mc if m % mc == 0 else mc - MR * ((mc - m % mc) // (MR * (m // mc + 1)))
+    return k, m, n
+
+
+def tf_blocking(k: int, m: int, n: int, t: int, by_col: bool, l1: int, l2: int, l3: int
+                ) -> tuple[int, int, int]:
+    """TF's ``TensorContractionBlocking<float>`` (eigen_contraction_kernel.h): Eigen's
+    heuristic (m and n swapped when sharding by row), then mc x1.5 rounded up to 48,
+    nc up to 24, and k cut in equal slices rounded up to 8. Returns (kc, mc, nc)."""
+    if by_col:
+        kc, mc, nc = _heuristic(k, m, n, t, l1, l2, l3)
+    else:
+        kc, nc, mc = _heuristic(k, n, m, t, l1, l2, l3)
+    if kc <= 0 or mc <= 0 or nc <= 0:
+        return kc, mc, nc
+    mc = min(m, -(-int(mc * 1.5) // 48) * 48)
+    nc = min(n, -(-nc // 24) * 24)
+    slices = max(1, -(-k // kc))
+    return min(k, -(-(k // slices) // 8) * 8), mc, nc
+
+
+def onednn_passes(start: int, end: int) -> list[tuple[int, int]]:
+    """oneDNN's K passes over one Eigen block: K <= 384 one pass; 384 < K < 768 halves
+    (ceil first); K >= 768 passes of 384 until under 768 remain, then halves."""
+    out = []
+    kk = end - start
+    while kk >= 2 * ONEDNN_BK:
+        out.append((start, start + ONEDNN_BK))
+        start += ONEDNN_BK
+        kk -= ONEDNN_BK
+    if kk > ONEDNN_BK:
+        h = -(-kk // 2)
+        out += [(start, start + h), (start + h, end)]
+    elif kk > 0:
+        out.append((start, end))
+    return out
+
+
+def shard(start: int, end: int, blocking: tuple[int, int, int], m: int, n: int) -> Shard:
+    kc, mc, nc = blocking
+    blocks = tuple((s, min(end, s + kc)) for s in range(start, end, kc))
+    ranges = tuple(r for s, e in blocks for r in onednn_passes(s, e))
+    # the last block along m (n) has m - mc * (ceil(m / mc) - 1) rows (columns); m == 1
+    # (Conv2D with one output channel) is all gemv_t. (n == 1 never gets here in TF:
+    # Eigen's evalGemv, its own non-FMA GEMV, computes it; not modelled.)
+    return Shard(blocks, ranges, m - mc * (-(-m // mc) - 1) == 1,
+                 n > 1 and n - nc * (-(-n // nc) - 1) == 1)
+
+
+# --------------------------------------------------------------------------------------
+# Eigen's choices (evalProductImpl)
+# --------------------------------------------------------------------------------------
+def shard_by_col(m: int, n: int, t: int) -> bool:
+    """Eigen's ``shardByCol``."""
+    if m // t >= NR and (n // t < NR or (
+            n // t < 4 * NR and n % (t * NR) != 0
+            and (m % (t * NR) == 0 or m // n >= 6))):
+        return False
+    return not (n // t < 16 * NR and m > n * 32)
+
+
+def cost(m: int, n: int, k: int, l1: int, l2: int, l3: int) -> float:
+    """Eigen's ``contractionCost(m, n, bm, bn, bk, shard_by_col, false)`` in cycles per
+    output, with the blocking Eigen computes for 2 threads (its first approximation)."""
+    by_col = shard_by_col(m, n, 2)
+    bk, bm, bn = tf_blocking(k, m, n, 2, by_col, l1, l2, l3)
+    # computeBandwidth: 0.5 at full vectorisation, 1.0 without Eigen's FMA (this build)
+    bw = 4.0 if bk == 1 else (2.0 if (bn if by_col else bm) < NR
+                              or (bm if by_col else bn) < MR else 1.0)
+    cost = bk * bw / PACKET + 4 * STORE  # compute (vectorised) + the output's store
+    # lhs / rhs loads (4 bytes a coefficient) per output; one side's memory cost dropped
+    cost += 4 * LOAD * bk / m if by_col else 4 * LOAD * bk / n
+    return cost
+
+
+def _threads_inner_dim(m: int, n: int, k: int, threads: int) -> int:
+    """Eigen's ``numThreadsInnerDim``."""
+    bw = 4.0 if k == 1 else (2.0 if n < NR or m < MR else 1.0)  # computeBandwidth(true..)
+    cost = bw * m * n / PACKET + 4 * STORE + 4 * LOAD * n  # lhs memory cost dropped
+    total = k * cost
+    reduction = m * n * (2 * LOAD + 1 * STORE + 1.0 / PACKET)
+    best, best_cost = 1, total
+    for nt in range(2, threads + 1, 2):
+        c = total / nt + 100000 + nt * (reduction + 3000)
+        if c < best_cost:
+            best, best_cost = nt, c
+    return best
+
+
+def shard_by_inner_dim(m: int, n: int, k: int, nt: int, nt_k: int, l3: int) -> bool:
+    """Eigen's ``shardByInnerDim``."""
+    if (n == 1 or nt_k < 2 or nt_k < nt or m * n * 4 > l3 // nt_k or k // nt_k < 2 * NR):
+        return False
+    return max(m, n) // nt < NR or (k // nt_k > 8 * NR and (min(m, n) < 2 * NR or nt_k > nt))
+
+
+@lru_cache(maxsize=1024)
+def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int) -> Plan:
+    """The order of every output's sum for Eigen's contraction [m, k] x [k, n] (Eigen's
+    column-major names) on ``threads`` intra-op threads (k, m, n > 0), with the caches
+    Eigen reads (l1, l2, l3 bytes)."""
+    nt = _num_threads(m * n, cost(m, n, k, l1, l2, l3), threads)
+    nt_k = _threads_inner_dim(m, n, k, threads)
+    if shard_by_inner_dim(m, n, k, nt, nt_k, l3):
+        # EvalShardedByInnerDimContext: blocks of max(96, roundup8(k / nt_k)); each a
+        # partial GEMM (evalGemmPartial) blocked by column for num_blocks threads.
+        per_thread = -(-k // nt_k)
+        block = min(k, max(12 * PACKET, -(-per_thread // 8) * 8))
+        nb = -(-k // block)
+        shards = tuple(
+            shard(s, min(k, s + block),
+                   tf_blocking(min(k, s + block) - s, m, n, nb, True, l1, l2, l3), m, n)
+            for s in range(0, k, block))
+        return Plan(shards, "sharded")
+    if n == 1:
+        nt = 1
+    if nt == 1:  # evalProductSequential: blocked by column for one thread
+        return Plan((shard(0, k, tf_blocking(k, m, n, 1, True, l1, l2, l3), m, n),),
+                    "sequential")
+    by_col = shard_by_col(m, n, nt)
+    return Plan((shard(0, k, tf_blocking(k, m, n, nt, by_col, l1, l2, l3), m, n),),
+                "parallel")
+
+
+def combine_order(shards: int) -> list[tuple[int, ...]]:
+    """How Eigen adds the K-shards' buffers into shard 0's (``aggregateL0Blocks``): groups
+    of 4 consecutive shards, a full group as ``(b0 + b1) + (b2 + b3)`` (tuple of 4), a
+    partial one one buffer at a time into its first; then the group leaders into b0 in
+    threes ``(b0 + G1) + (G2 + G3)``, the rest one at a time. Returned as steps: a 2-tuple
+    ``(dst, src)`` is ``dst += src``; a 4-tuple ``(dst, s0, s1, s2)`` is
+    ``dst = (dst + s0) + (s1 + s2)`` on whole packets of 8 outputs and
+    ``dst + ((s0 + s1) + s2)`` on the outputs past them."""
+    steps: list[tuple[int, ...]] = []
+    groups = -(-shards // 4)
+    for g in range(groups):
+        size = min(4, shards - 4 * g)
+        d = 4 * g
+        if size == 4:
+            steps.append((d, d + 1, d + 2, d + 3))
+        else:
+            steps += [(d, d + i) for i in range(1, size)]
+    g = 1
+    while g + 2 < groups:
+        steps.append((0, 4 * g, 4 * (g + 1), 4 * (g + 2)))
+        g += 3
+    steps += [(0, 4 * i) for i in range(g, groups)]
+    return steps
+
+
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 a + b with the result flushed (TF's FTZ)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return flushed(np.add(a, b, dtype=np.float32))
+
+
+def combine(bufs: list[np.ndarray]) -> np.ndarray:
+    """Eigen's aggregation of the K-shards' buffers (``combine_order``)."""
+    b = [x.copy() for x in bufs]
+    size = b[0].size
+    vec = size - size % PACKET
+    for step in combine_order(len(b)):
+        if len(step) == 2:
+            d, s = step
+            b[d] = _add(b[d], b[s])
+        else:
+            d, s0, s1, s2 = step
+            head = _add(_add(b[d][:vec], b[s0][:vec]), _add(b[s1][:vec], b[s2][:vec]))
+            tail = _add(b[d][vec:], _add(_add(b[s0][vec:], b[s1][vec:]), b[s2][vec:]))
+            b[d] = np.concatenate([head, tail])
+    return b[0]

@@ -1,0 +1,64 @@
+"""The cache sizes Eigen reads from CPUID (``Eigen::internal::queryCacheSizes``), which
+set its contraction blocking: leaves 0x80000005 / 0x80000006 on AMD (L1d KiB in
+ECX[31:24], L2 KiB in ECX[31:16], L3 from EDX masked as Eigen masks it), leaf 4 on Intel
+and others. A few bytes of machine code run CPUID (x86-64 Linux); elsewhere, or if that
+fails, Eigen's defaults (32 KiB, 256 KiB, 2 MiB) are assumed."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from functools import cache
+
+from .._config import X86
+
+# cpuid(leaf=edi, subleaf=esi, out=rdx): mov rax,rdi; mov rcx,rsi; mov r8,rdx; push rbx;
+# cpuid; mov [r8],eax; mov [r8+4],ebx; mov [r8+8],ecx; mov [r8+12],edx; pop rbx; ret
+_CODE = bytes.fromhex(
+    "4889f8" "4889f1" "4989d0" "53" "0fa2" "418900" "41895804" "41894808" "4189500c" "5b" "c3")
+
+
+@cache
+def _cpuid_fn():  # type: ignore[no-untyped-def]
+    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(_CODE)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32,
+                          ctypes.POINTER(ctypes.c_uint32 * 4))(addr)
+    fn._buf = buf  # keep the page alive
+    return fn
+
+
+def cpuid(leaf: int, sub: int = 0) -> tuple[int, int, int, int]:
+    out = (ctypes.c_uint32 * 4)()
+    _cpuid_fn()(leaf, sub, ctypes.byref(out))
+    return out[0], out[1], out[2], out[3]
+
+
+@cache
+def eigen_caches() -> tuple[int, int, int]:
+    """(L1, L2, L3) in bytes as Eigen's queryCacheSizes reports them on this processor."""
+    if not X86:
+        return 32 << 10, 256 << 10, 2 << 20
+    try:
+        _, b, c, d = cpuid(0)
+        vendor = b.to_bytes(4, "little") + d.to_bytes(4, "little") + c.to_bytes(4, "little")
+        if vendor in (b"AuthenticAMD", b"AMDisbetter!"):
+            l1 = (cpuid(0x80000005)[2] >> 24) * 1024
+            _, _, c6, d6 = cpuid(0x80000006)
+            return l1, (c6 >> 16) * 1024, ((d6 & 0xFFFC000) >> 18) * 512 * 1024
+        sizes = {1: 0, 2: 0, 3: 0}
+        for i in range(16):  # Intel's deterministic cache parameters (leaf 4)
+            a, b, c, _ = cpuid(4, i)
+            kind = a & 31
+            if kind == 0:
+                break
+            if kind in (1, 3):  # data or unified
+                level = (a >> 5) & 7
+                ways, parts = ((b >> 22) & 0x3FF) + 1, ((b >> 12) & 0x3FF) + 1
+                size = ways * parts * ((b & 0xFFF) + 1) * (c + 1)
+                if level in sizes:
+                    sizes[level] = size
+        return sizes[1], sizes[2], sizes[3]
+    except (OSError, ValueError, AttributeError):
+        return 32 << 10, 256 << 10, 2 << 20

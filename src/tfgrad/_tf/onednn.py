@@ -1,0 +1,98 @@
+"""oneDNN's sgemm arithmetic on NumPy arrays (float32 under TF's FTZ / DAZ): the exact FMA,
+and the two GEMV kernels oneDNN runs instead of its nocopy kernel for a block with one row
+(``gemv_t``) or one column (``gemv_n``). Shared by the NumPy reference and the dispatch
+(which runs the nocopy blocks compiled and these edge blocks here)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fpenv import flushed
+
+F32 = np.float32
+F64 = np.float64
+
+
+def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fma(a, b, c) with one rounding (as ``vfmadd231ps``), the result flushed
+    (FTZ; callers flush the inputs, DAZ). a*b is exact in float64; the float64 sum
+    s = p + c is made round-to-odd (TwoSum's error term moves s off an even last bit
+    towards the exact sum), after which rounding to float32 is the one correct rounding."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.asarray(a, F64) * np.asarray(b, F64)
+        c64 = np.asarray(c, F64)
+        s = p + c64
+        bb = s - p
+        e = (p - (s - bb)) + (c64 - bb)
+        even = (s.view(np.int64) & 1) == 0
+        nudge = (e != 0) & even & np.isfinite(s)
+        s = np.where(nudge, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+        return flushed(s.astype(F32))
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 a + b, flushed."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return flushed(np.add(a, b, dtype=F32))
+
+
+def _hsum8(v: np.ndarray) -> np.ndarray:
+    """gemv_t's horizontal sum of 8 lanes (last axis): ((l0+l1)+(l4+l5)) + ((l2+l3)+(l6+l7))."""
+    return add(add(add(v[..., 0], v[..., 1]), add(v[..., 4], v[..., 5])),
+               add(add(v[..., 2], v[..., 3]), add(v[..., 6], v[..., 7])))
+
+
+def gemv_t(X: np.ndarray, w: np.ndarray, y: np.ndarray, s: int, e: int) -> np.ndarray:
+    """oneDNN's ``gemv_t`` over k in [s, e): y[r] += sum_k X[r, k] w[k] (X [R, K], w [K]):
+    8 lanes, lane l a FMA chain from 0 over the k = l (mod 8) of the first 16*floor(K/16),
+    their horizontal sum added to y; the rest in chunks of 8, 4, 2, 1, each products
+    summed as the lanes are, then added."""
+    K = e - s
+    k16 = s + K - K % 16
+    acc = np.zeros(X.shape[:1] + (8,), F32)
+    for j in range(s, k16, 8):
+        acc = fma(X[:, j:j + 8], w[None, j:j + 8], acc)
+    if k16 > s:
+        y = add(y, _hsum8(acc))
+    j = k16
+    for width in (8, 4, 2, 1):
+        if e - j >= width:
+            p = fma(X[:, j:j + width], w[None, j:j + width], np.zeros((1, width), F32))
+            if width == 8:
+                r = _hsum8(p)
+            elif width == 4:
+                r = add(add(p[:, 0], p[:, 1]), add(p[:, 2], p[:, 3]))
+            elif width == 2:
+                r = add(p[:, 0], p[:, 1])
+            else:
+                r = p[:, 0]
+            y = add(y, r)
+            j += width
+    return y
+
+
+def gemv_n(X: np.ndarray, w: np.ndarray, y: np.ndarray, s: int, e: int) -> np.ndarray:
+    """oneDNN's ``gemv_n`` over k in [s, e): y[r] = fma(X[r, k], w[k], y[r]) in k order,
+    straight into y."""
+    for k in range(s, e):
+        y = fma(X[:, k], w[k], y)
+    return y
+
+
+def edges(A: np.ndarray, B: np.ndarray, blocks: tuple[tuple[int, int], ...], one_row: bool,
+          one_col: bool, C: np.ndarray) -> None:
+    """Recompute, in C [M, N] (one shard's sum of A [M, K] x B [K, N] over ``blocks``),
+    the outputs of Eigen's one-wide edge blocks: TF's last row (``one_col``: oneDNN
+    N = 1, gemv_n; it has the corner) and last column (``one_row``: M = 1, gemv_t), each
+    from zero over the blocks."""
+    M, N = C.shape
+    if one_row:
+        y = np.zeros(M, F32)
+        for s, e in blocks:
+            y = gemv_t(A, B[:, N - 1], y, s, e)
+        C[:, N - 1] = y
+    if one_col:
+        y = np.zeros(N, F32)
+        for s, e in blocks:
+            y = gemv_n(B.T, A[M - 1], y, s, e)
+        C[M - 1, :] = y

@@ -1,0 +1,54 @@
+"""Relu, Relu6 and their gradients on the compiled kernels (``tfgrad.kernels.activation``):
+flat bit views, the float type's constants, TF's packet body and scalar tail."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._compile import launch
+from .._tf.relu import FORMATS, Format, kinds
+from ..kernels import activation as k
+
+_FAMILY = "activation"
+
+
+def _bits(a: np.ndarray, fmt: Format) -> np.ndarray:
+    """C-contiguous flat view of ``a``'s bits (a copy only if needed)."""
+    return np.ascontiguousarray(a).reshape(-1).view(fmt.uint)
+
+
+def _consts(fmt: Format) -> tuple:
+    T = fmt.uint
+    return (T(0), T(fmt.sign), T(~fmt.sign & (2 * fmt.sign - 1)), T(fmt.normal), T(fmt.inf))
+
+
+def forward(x: np.ndarray, relu6: bool) -> np.ndarray:
+    fmt = FORMATS[x.dtype.name]
+    out = np.empty(x.shape, x.dtype)
+    u, o = _bits(x, fmt), out.reshape(-1).view(fmt.uint)
+    n = u.size
+    end, body, first, tail = kinds(n, fmt, relu6)
+    consts = (*_consts(fmt), fmt.uint(fmt.six))
+    if end:
+        launch(_FAMILY, k.forward(body, relu6, fmt.daz), end, u[:end], o[:end], *consts,
+               units=-(-end // k.CHUNK))
+    if end < n:  # TF's scalar tail: its first value, then the rest
+        k.forward(first, relu6, fmt.daz).serial(u[end:end + 1], o[end:end + 1], *consts)
+        if end + 1 < n:
+            k.forward(tail, relu6, fmt.daz).serial(u[end + 1:], o[end + 1:], *consts)
+    return out
+
+
+def backward(g: np.ndarray, f: np.ndarray, relu6: bool) -> np.ndarray:
+    fmt = FORMATS[f.dtype.name]
+    out = np.empty(f.shape, f.dtype)
+    gu, fu, o = _bits(g, fmt), _bits(f, fmt), out.reshape(-1).view(fmt.uint)
+    n = fu.size
+    end = n - n % fmt.packet if fmt.packet else n
+    consts = (*_consts(fmt), fmt.uint(fmt.quiet), fmt.uint(fmt.six))
+    if end:
+        launch(_FAMILY, k.backward(fmt.body_nan, relu6, fmt.daz), end, gu[:end], fu[:end],
+               o[:end], *consts, units=-(-end // k.CHUNK))
+    if end < n:
+        k.backward(fmt.tail_nan, relu6, fmt.daz).serial(gu[end:], fu[end:], o[end:], *consts)
+    return out

@@ -1,0 +1,113 @@
+"""Conv2D and its backprops on the compiled kernels: im2col / col2im
+(``tfgrad.kernels.conv2d``) around the exact MatMul contraction
+(``tfgrad.dispatch.matmul``) with TF's plan for each contraction (``tfgrad.ops.conv2d``).
+
+Patch buffers are bounded as TF bounds its own: the backprops work per chunk of images
+(BackpropFilter per TF's shard, whose contraction it is; BackpropInput per chunk of at
+most ``_CHUNK`` floats of patches, each row's sum fixed by the plan alone).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._compile import launch
+from .._tf.contraction import Plan
+from .._tf.conv2d import Geometry, edge_plan, eigen_gemv, gemv_one
+from .._tf.fpenv import flush_denormals
+from ..kernels import conv2d as k
+from . import matmul as mm
+
+F32 = np.float32
+_FAMILY = "conv2d"
+_CHUNK = 1 << 23
+
+
+def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.ndarray:
+    """Eigen's tensor contraction on the matmul kernels; its one-row shape (Eigen's
+    n = 1: its own GEMV) by the reference, which is O(K N)."""
+    A = a.T if ta else a
+    B = b.T if tb else b
+    if A.shape[0] == 1:
+        return eigen_gemv(A, B)
+    return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]))
+
+
+def _cols(x: np.ndarray, geo: Geometry) -> np.ndarray:
+    """im2col of x [n, H, W, C]."""
+    rows = x.shape[0] * geo.P
+    if (geo.KH == geo.KW == geo.sh == geo.sw == 1 and geo.pt == geo.pl == 0
+            and (geo.OH, geo.OW) == (geo.H, geo.W) and x.flags.c_contiguous):
+        return x.reshape(rows, geo.C)  # 1x1, stride 1: the input is its own patch matrix
+    cols = np.empty((rows, geo.F), F32)
+    launch(_FAMILY, k.im2col, rows * geo.F, np.ascontiguousarray(x), geo.KH, geo.KW, geo.OH,
+           geo.OW, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, cols,
+           units=x.shape[0] * geo.OH)
+    return cols
+
+
+def forward(x: np.ndarray, f: np.ndarray, geo: Geometry, p: Plan) -> np.ndarray:
+    with flush_denormals():
+        A = _cols(x, geo)
+        out = _contract(A, np.ascontiguousarray(f).reshape(geo.F, geo.O), False, False,
+                        p)
+    return out.reshape(geo.N, geo.OH, geo.OW, geo.O)
+
+
+def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: str
+                   ) -> np.ndarray:
+    """``kind``: the direct sgemm's kernel ("nocopy", "smalln", "gemv") or "" (Eigen's
+    contraction with plan ``p``)."""
+    W = np.ascontiguousarray(f).reshape(geo.F, geo.O)
+    g = np.ascontiguousarray(g)
+    dx = np.zeros((geo.N, geo.H, geo.W, geo.C), F32)
+    step = max(1, _CHUNK // max(1, geo.P * geo.F))
+    if any(sh.gemv_m or sh.gemv_n for sh in p.shards) or (geo.P == 1 and kind == ""):
+        step = 1  # the plan's one-wide edge blocks are per image: one image a contraction
+    with flush_denormals():
+        for s in range(0, geo.N, step):
+            e = min(geo.N, s + step)
+            a = g[s:e].reshape((e - s) * geo.P, geo.O)
+            if kind == "smalln":
+                col = np.empty((a.shape[0], geo.F), F32)
+                launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=col.size)
+            elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t, image by image
+                col = np.concatenate([gemv_one(a[i:i + 1], W) for i in range(e - s)])
+            else:
+                col = _contract(a, W, False, True, p)
+            launch(_FAMILY, k.col2im, (e - s) * geo.P * geo.F, np.ascontiguousarray(col),
+                   geo.KH, geo.KW, geo.OH, geo.OW, geo.sh, geo.sw, geo.pt, geo.pl, dx[s:e],
+                   units=e - s)
+    return dx
+
+
+def _cols_t(x: np.ndarray, geo: Geometry, rows_out: int) -> np.ndarray:
+    """im2col(x)^T [rows_out >= F, n*OH*OW] (rows past F zero), built transposed: the
+    contraction's A^T without a strided copy."""
+    rows = x.shape[0] * geo.P
+    colsT = np.empty((rows_out, rows), F32)
+    colsT[geo.F:] = 0.0
+    launch(_FAMILY, k.im2col_t, rows * geo.F, np.ascontiguousarray(x), geo.KH, geo.KW,
+           geo.OH, geo.OW, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, colsT,
+           units=geo.F)
+    return colsT
+
+
+def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry,
+                    shards: list[tuple[int, int, Plan]]) -> np.ndarray:
+    """``shards``: TF's shards of images (first, end, plan of that shard's contraction)."""
+    x = np.ascontiguousarray(x)
+    g = np.ascontiguousarray(g)
+    dw = np.zeros((geo.F, geo.O), F32)
+    with flush_denormals():
+        for s, e, p in shards:
+            rows = (e - s) * geo.P
+            B = g[s:e].reshape(rows, geo.O)
+            if geo.F == 1 or any(sh.gemv_n for sh in p.shards):
+                # (edge blocks read TF's last row of A^T: no padding rows)
+                S = _contract(_cols_t(x[s:e], geo, geo.F), B, False, False, p)
+            else:  # A^T padded to the matmul kernel's 4-row tiles, so that it is not copied
+                AT = _cols_t(x[s:e], geo, -(-geo.F // 4) * 4)
+                S = mm.matmul(AT, B, False, False, edge_plan(p, geo.O))[:geo.F]
+            dw += S  # TF's C += contraction: one float32 add per shard (FTZ)
+    return dw

@@ -1,0 +1,139 @@
+"""Image patches for Conv2D and its backprops: im2col (TF's Im2col / Eigen's image
+patches) and Col2im (TF's scatter-add into a zeroed dx), whose float32 adds run in TF's
+order (oh, ow, kh, kw, c) per image; and oneDNN's gemm_smalln_tn, the contraction of
+Conv2DBackpropInput's sharded path when OH*OW < 16 (16 FMA lanes over k mod 16, halved).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._compile import Twins
+from .._tf.mxcsr import ftz_enter, ftz_exit
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):  # type: ignore[no-untyped-def]
+    """float32 fma(a, b, c) with one rounding (``llvm.fma.f32``, as ``vfmadd231ps``)."""
+    if not (a == types.float32 and b == types.float32 and c == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
+                                            "llvm.fma.f32")
+        return builder.call(fn, list(args))
+
+    return types.float32(a, b, c), codegen
+
+
+def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """cols [n*OH*OW, KH*KW*C] from x [n, H, W, C]: patch rows in (image, oh, ow) order,
+    K in (kh, kw, c) order, zeros for the padding taps. One task per output row; an
+    undilated filter row inside the image is one contiguous run of KW*C values."""
+    n, H, W, C = x.shape
+    xf = x.reshape(-1)
+    run = KW * C
+    for t in prange(n * OH):
+        b = t // OH
+        i = t % OH
+        for j in range(OW):
+            p = t * OW + j
+            c0 = j * sw - pl
+            inside = dw == 1 and c0 >= 0 and c0 + KW <= W
+            for kh in range(KH):
+                r = i * sh - pt + kh * dh
+                k = kh * run
+                if r < 0 or r >= H:
+                    for q in range(run):
+                        cols[p, k + q] = np.float32(0.0)
+                elif inside:
+                    base = ((b * H + r) * W + c0) * C
+                    for q in range(run):
+                        cols[p, k + q] = xf[base + q]
+                else:
+                    for kw in range(KW):
+                        c = c0 + kw * dw
+                        if 0 <= c < W:
+                            base = ((b * H + r) * W + c) * C
+                            for ch in range(C):
+                                cols[p, k + ch] = xf[base + ch]
+                        else:
+                            for ch in range(C):
+                                cols[p, k + ch] = np.float32(0.0)
+                        k += C
+
+
+def _im2col_t(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, colsT):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """colsT [KH*KW*C (+ zero rows), n*OH*OW]: im2col transposed (BackpropFilter's
+    A^T), one task per row (filter tap and channel), written contiguously."""
+    n, H, W, C = x.shape
+    F = KH * KW * C
+    for f in prange(F):
+        kh = f // (KW * C)
+        kw = (f // C) % KW
+        ch = f % C
+        for b in range(n):
+            for i in range(OH):
+                r = i * sh - pt + kh * dh
+                p = (b * OH + i) * OW
+                if r < 0 or r >= H:
+                    for j in range(OW):
+                        colsT[f, p + j] = np.float32(0.0)
+                    continue
+                for j in range(OW):
+                    c = j * sw - pl + kw * dw
+                    colsT[f, p + j] = x[b, r, c, ch] if 0 <= c < W else np.float32(0.0)
+
+
+def _col2im(col, KH, KW, OH, OW, sh, sw, pt, pl, dx):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """dx [n, H, W, C] (zeroed) += col [n*OH*OW, KH*KW*C], each image in
+    TF's Col2im order; images are independent (one per iteration)."""
+    n, H, W, C = dx.shape
+    for b in prange(n):
+        fz = ftz_enter()
+        for i in range(OH):
+            for j in range(OW):
+                p = (b * OH + i) * OW + j
+                k = 0
+                for kh in range(KH):
+                    r = i * sh - pt + kh
+                    for kw in range(KW):
+                        c = j * sw - pl + kw
+                        if 0 <= r < H and 0 <= c < W:
+                            for ch in range(C):
+                                dx[b, r, c, ch] += col[p, k + ch]
+                        k += C
+        ftz_exit(fz)
+
+
+def _smalln(A, B, C):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """C [R, F] = A [R, K] x B [F, K]^T as oneDNN's gemm_smalln_tn: per output, lane l of
+    16 a FMA chain from +0 over k = l (mod 16), then lanes l + 8, l + 4, l + 2, l + 1
+    added in halving steps."""
+    R, K = A.shape
+    F = B.shape[0]
+    for t in prange(R * F):
+        fz = ftz_enter()
+        r = t // F
+        f = t % F
+        acc = np.zeros(16, np.float32)
+        for k in range(K):
+            acc[k % 16] = _fma(A[r, k], B[f, k], acc[k % 16])
+        h = 8
+        while h >= 1:
+            for i in range(h):
+                acc[i] = acc[i] + acc[i + h]
+            h //= 2
+        C[r, f] = acc[0]
+        ftz_exit(fz)
+
+
+smalln = Twins(_smalln)
+im2col = Twins(_im2col)
+im2col_t = Twins(_im2col_t)
+col2im = Twins(_col2im)

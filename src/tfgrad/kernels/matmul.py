@@ -1,0 +1,152 @@
+"""The contraction kernel: per output, FMA chains from +0 over k-ranges, added in order
+(``tfgrad._tf.contraction``), as oneDNN's AVX-512 sgemm runs each of Eigen's blocks.
+
+Register-blocked: a tile of 4 rows x 32 columns keeps 8 FMA accumulators and 8 running
+sums in vector registers over all of its k-ranges; every FMA is ``llvm.fma`` (one
+rounding, as ``vfmadd231ps``), every sum one float32 add. The rows' values are broadcast,
+B's rows loaded as vectors. A is read in place (a transposed view too); callers pad B
+to a multiple of 16 columns and give C a multiple of 4 rows (the extra outputs are
+dropped).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._compile import Twins, jit
+from .._tf.mxcsr import ftz_enter, ftz_exit
+from ._simd import _VEC, _llvm_type, _splat, vload, vstore, vzeros
+
+_V = _VEC[types.float32]
+
+
+@intrinsic
+def vfma(typingctx, s, v, acc):  # type: ignore[no-untyped-def]
+    """fma(splat(s), v, acc) with one rounding per lane (``llvm.fma.v16f32``)."""
+    if not (s == types.float32 and v == _V and acc == _V):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        ty = _llvm_type(_V)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3),
+                                            "llvm.fma.v16f32")
+        return builder.call(fn, [_splat(builder, _V, args[0]), args[1], args[2]])
+
+    return _V(s, v, acc), codegen
+
+
+@intrinsic
+def vadd(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """a + b lane by lane (one float32 rounding each)."""
+    if not (a == _V and b == _V):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.fadd(args[0], args[1])
+
+    return _V(a, b), codegen
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
+    """Scalar float32 fma(a, b, c), one rounding (``llvm.fma.f32``)."""
+    if not (a == types.float32 and b == types.float32 and c == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        f = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f] * 3),
+                                            "llvm.fma.f32")
+        return builder.call(fn, list(args))
+
+    return types.float32(a, b, c), codegen
+
+
+def _contract(A, B, N, ranges, C):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """C[Mp, N] (flat; Mp = M rounded up to 4) = the plan's sums of A[M, K] (any strides)
+    x B (flat, [K, N], N % 16 == 0); ``ranges`` [r, 2]: the k-ranges of each FMA chain in
+    order. Rows past M repeat row M - 1 (their outputs are dropped)."""
+    M = A.shape[0]
+    nv = N // 16
+    tiles_j = (nv + 1) // 2
+    tiles = ((M + 3) // 4) * tiles_j
+    nr = ranges.shape[0]
+    for t in prange(tiles):
+        fz = ftz_enter()
+        i = (t // tiles_j) * 4
+        j = (t % tiles_j) * 32
+        i1 = min(i + 1, M - 1)
+        i2 = min(i + 2, M - 1)
+        i3 = min(i + 3, M - 1)
+        if j + 32 <= N:  # two vectors of columns
+            c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = vzeros(B)
+            for r in range(nr):
+                a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = vzeros(B)
+                for k in range(ranges[r, 0], ranges[r, 1]):
+                    b0 = vload(B, k * N + j)
+                    b1 = vload(B, k * N + j + 16)
+                    x = A[i, k]
+                    a00 = vfma(x, b0, a00)
+                    a01 = vfma(x, b1, a01)
+                    x = A[i1, k]
+                    a10 = vfma(x, b0, a10)
+                    a11 = vfma(x, b1, a11)
+                    x = A[i2, k]
+                    a20 = vfma(x, b0, a20)
+                    a21 = vfma(x, b1, a21)
+                    x = A[i3, k]
+                    a30 = vfma(x, b0, a30)
+                    a31 = vfma(x, b1, a31)
+                c00 = vadd(c00, a00)
+                c01 = vadd(c01, a01)
+                c10 = vadd(c10, a10)
+                c11 = vadd(c11, a11)
+                c20 = vadd(c20, a20)
+                c21 = vadd(c21, a21)
+                c30 = vadd(c30, a30)
+                c31 = vadd(c31, a31)
+            vstore(C, i * N + j, c00)
+            vstore(C, i * N + j + 16, c01)
+            vstore(C, (i + 1) * N + j, c10)
+            vstore(C, (i + 1) * N + j + 16, c11)
+            vstore(C, (i + 2) * N + j, c20)
+            vstore(C, (i + 2) * N + j + 16, c21)
+            vstore(C, (i + 3) * N + j, c30)
+            vstore(C, (i + 3) * N + j + 16, c31)
+        else:  # the last single vector of columns
+            c0 = c1 = c2 = c3 = vzeros(B)
+            for r in range(nr):
+                a0 = a1 = a2 = a3 = vzeros(B)
+                for k in range(ranges[r, 0], ranges[r, 1]):
+                    b0 = vload(B, k * N + j)
+                    a0 = vfma(A[i, k], b0, a0)
+                    a1 = vfma(A[i1, k], b0, a1)
+                    a2 = vfma(A[i2, k], b0, a2)
+                    a3 = vfma(A[i3, k], b0, a3)
+                c0 = vadd(c0, a0)
+                c1 = vadd(c1, a1)
+                c2 = vadd(c2, a2)
+                c3 = vadd(c3, a3)
+            vstore(C, i * N + j, c0)
+            vstore(C, (i + 1) * N + j, c1)
+            vstore(C, (i + 2) * N + j, c2)
+            vstore(C, (i + 3) * N + j, c3)
+        ftz_exit(fz)
+
+
+contract = Twins(_contract)
+
+
+@jit
+def pad_columns(src, dst):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """dst[K, Np] = src[K, N] (any strides) with zeros in columns N..Np-1."""
+    K, N = src.shape
+    Np = dst.shape[1]
+    for k in range(K):
+        for j in range(N):
+            dst[k, j] = src[k, j]
+        for j in range(N, Np):
+            dst[k, j] = 0.0

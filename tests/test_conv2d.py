@@ -1,0 +1,211 @@
+"""Conv2D and its backprops: the TF behaviours docs/conv2d.md lists, each pinned here or by
+a case of tfgrad/testing/cases/conv2d.py (tests/test_conformance.py runs those against
+TF's fixtures and TF live).
+
+- TF's paths and plans: the image patches' cost model K-shards a small deep convolution
+  that MatMul's plan would not; the MatMulConvFunctor shapes take MatMul's plan;
+  BackpropInput's parallel contraction vs the sharded direct sgemm (nocopy, smalln_tn,
+  gemv_t); BackpropFilter's L3 shards.
+- oneDNN's gemm_smalln_tn and gemv_t orders, compiled kernel == NumPy reference.
+- Gradients: the three ops differentiate each other as TF's nn_grad.py does (first and
+  second order against TF's tapes).
+- The same bits on any number of Numba threads.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+import tfgrad
+from tests import oracle
+from tfgrad import _config, raw_ops
+from tfgrad.kernels import conv2d as k
+from tfgrad.ops import conv2d as C
+from tfgrad.ops import matmul as mm
+
+F32 = np.float32
+
+
+def _geo(op: str, N: int, H: int, W: int, Cin: int, O: int, K: int, s: int = 1,
+         padding: str = "SAME", d: int = 1) -> C.Geometry:
+    return C.window_of(op, (1, s, s, 1), padding, (), (1, d, d, 1), (N, H, W, Cin),
+                       (K, K, Cin, O))
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _tf():
+    tf = oracle.tensorflow()
+    if tf is None:
+        pytest.skip("TensorFlow is not installed")
+    return tf
+
+
+# --------------------------------------------------------------------------------------
+# Plans (the cases deep_3x3_c256 / c384, deep_1x1_c1280, smalln_*, one_pixel_*,
+# deep_out_* pin them against TF's bits)
+# --------------------------------------------------------------------------------------
+def test_patches_cost_model_shards_deep_small_convolutions():
+    geo = _geo("Conv2D", 1, 3, 3, 256, 2, 3)
+    assert C.forward_plan(geo, "SAME").path == "sharded"
+    assert mm.plan(geo.N * geo.P, geo.F, geo.O).path != "sharded"  # MatMul's would not
+
+
+def test_matmul_conv_functor_shapes_take_matmuls_plan():
+    for geo, pad in ((_geo("Conv2D", 1, 2, 2, 1280, 4, 1), "SAME"),
+                     (_geo("Conv2D", 3, 5, 5, 16, 8, 5, padding="VALID"), "VALID")):
+        assert C.matmul_path(geo, pad)
+        assert C.forward_plan(geo, pad) == mm.plan(geo.N * geo.P, geo.F, geo.O)
+    geo = _geo("Conv2D", 1, 4, 4, 8, 4, 1)
+    assert not C.matmul_path(geo, "EXPLICIT")  # EXPLICIT 1x1: SpatialConvolution
+
+
+@pytest.mark.parametrize("N,H,Cin,O,kind", [
+    (1, 3, 2, 400, ""),         # batch 1: Eigen's contraction
+    (2, 4, 2, 800, "nocopy"),   # OH*OW = 16: the nocopy kernel, K passes
+    (3, 3, 8, 16, "smalln"),    # 1 < OH*OW < 16
+    (2, 1, 8, 16, "gemv"),      # one pixel
+])
+def test_backprop_input_paths(N, H, Cin, O, kind):
+    geo = _geo("Conv2DBackpropInput", N, H, H, Cin, O, 1)
+    assert C.input_direct_kind(geo) == kind
+
+
+def test_backprop_filter_shards_follow_tfs_l3_rule():
+    geo = _geo("Conv2DBackpropFilter", 32, 224, 224, 3, 32, 3, 2)
+    assert C.filter_shard(geo) == 11  # ceil(30 MiB / 4 / (12544 * 27 + 12544 * 32 + 864))
+
+
+# --------------------------------------------------------------------------------------
+# oneDNN's small kernels: compiled == reference, and TF live
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("K", [1, 2, 5, 15, 16, 17, 33, 100, 385])
+def test_smalln_kernel_equals_reference(K):
+    rng = np.random.default_rng(K)
+    A = rng.standard_normal((9, K)).astype(F32)
+    B = rng.standard_normal((5, K)).astype(F32)
+    A[0, 0] = 0
+    out = np.empty((9, 5), F32)
+    k.smalln.serial(A, B, out)
+    assert np.array_equal(_bits(out), _bits(C.smalln_reference(A, B)))
+
+
+@pytest.mark.parametrize("P,O", [(2, 3), (9, 17), (15, 100), (9, 800), (1, 33), (1, 129)])
+def test_small_direct_kernels_against_tf(P, O):
+    """oneDNN's gemm_smalln_tn (16 FMA lanes, halved) and gemv_t for one pixel, through
+    a 1x1 BackpropInput of 2 images (TF's sharded path)."""
+    tf = _tf()
+    rng = np.random.default_rng(P * 1000 + O)
+    dy = rng.standard_normal((2, 1, P, O)).astype(F32)
+    w = rng.standard_normal((1, 1, 8, O)).astype(F32)
+    kw = dict(strides=[1, 1, 1, 1], padding="VALID")
+    want = tf.raw_ops.Conv2DBackpropInput(input_sizes=[2, 1, P, 8], filter=w,
+                                          out_backprop=dy, **kw).numpy()
+    for impl in ("kernel", "reference"):
+        with _config.use_impl(impl):
+            got = raw_ops.Conv2DBackpropInput(input_sizes=[2, 1, P, 8], filter=w,
+                                              out_backprop=dy, **kw)
+        assert np.array_equal(_bits(got), _bits(want)), impl
+
+
+def test_backprop_input_edge_blocks_are_per_image():
+    """Eigen's one-wide edge blocks (TF's last row of each image's contraction) on the
+    parallel path: one contraction per image, not one per chunk of images."""
+    tf = _tf()
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((1, 1, 128, 1024)).astype(F32)
+    dy = rng.standard_normal((2, 7, 7, 1024)).astype(F32)
+    kw = dict(strides=[1, 1, 1, 1], padding="SAME")
+    geo = _geo("Conv2DBackpropInput", 2, 7, 7, 128, 1024, 1)
+    assert C.input_direct_kind(geo) == ""
+    assert any(sh.gemv_n for sh in C.input_plan(geo).shards)
+    want = tf.raw_ops.Conv2DBackpropInput(input_sizes=[2, 7, 7, 128], filter=w,
+                                          out_backprop=dy, **kw).numpy()
+    got = raw_ops.Conv2DBackpropInput(input_sizes=[2, 7, 7, 128], filter=w, out_backprop=dy,
+                                      **kw)
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+# --------------------------------------------------------------------------------------
+# Gradients (TF's _Conv2DGrad, _Conv2DBackpropInputGrad, _Conv2DBackpropFilterGrad)
+# --------------------------------------------------------------------------------------
+def test_first_and_second_order_gradients_match_tfs_tapes():
+    tf = _tf()
+    torch = pytest.importorskip("torch")
+    import tfgrad.torch as tt
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6, 5, 3)).astype(F32)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(F32)
+    g = rng.standard_normal((2, 3, 3, 4)).astype(F32)
+    v = rng.standard_normal((2, 6, 5, 3)).astype(F32)
+    attrs = dict(strides=[1, 2, 2, 1], padding="SAME")
+    tx, tw = tf.constant(x), tf.constant(w)
+    with tf.GradientTape() as outer:
+        outer.watch(tw)
+        with tf.GradientTape() as inner:
+            inner.watch([tx, tw])
+            y = tf.raw_ops.Conv2D(input=tx, filter=tw, **attrs)
+            loss = tf.reduce_sum(y * g)
+        dx, dw = inner.gradient(loss, [tx, tw])
+        s = tf.reduce_sum(dx * v)  # d/dw of <dx, v>: Conv2DBackpropInput's own gradient
+    ddw = outer.gradient(s, tw)
+
+    px = torch.from_numpy(x).requires_grad_()
+    pw = torch.from_numpy(w).requires_grad_()
+    py = tt.conv2d(px, pw, **attrs)
+    gx, gw = torch.autograd.grad(py, (px, pw), torch.from_numpy(g), create_graph=True)
+    (gww,) = torch.autograd.grad(gx, (pw,), torch.from_numpy(v))
+    for mine, theirs in ((gx, dx), (gw, dw), (gww, ddw)):
+        assert np.array_equal(_bits(mine.detach().numpy()), _bits(theirs.numpy()))
+
+
+def test_jax_gradients_are_the_backprop_ops():
+    jax = pytest.importorskip("jax")
+    from tfgrad.jax import raw_ops as jr
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 5, 5, 3)).astype(F32)
+    w = rng.standard_normal((3, 3, 3, 2)).astype(F32)
+    g = rng.standard_normal((2, 5, 5, 2)).astype(F32)
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
+    _, vjp = jax.vjp(lambda a, b: jr.Conv2D(input=a, filter=b, **attrs), x, w)
+    gx, gw = vjp(g)
+    assert np.array_equal(_bits(np.asarray(gx)), _bits(raw_ops.Conv2DBackpropInput(
+        input_sizes=list(x.shape), filter=w, out_backprop=g, **attrs)))
+    assert np.array_equal(_bits(np.asarray(gw)), _bits(raw_ops.Conv2DBackpropFilter(
+        input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs)))
+
+
+# --------------------------------------------------------------------------------------
+# Threads and API
+# --------------------------------------------------------------------------------------
+def test_same_bits_on_one_and_two_threads():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 20, 20, 8)).astype(F32)
+    w = rng.standard_normal((3, 3, 8, 16)).astype(F32)
+    g = rng.standard_normal((4, 10, 10, 16)).astype(F32)
+    attrs = dict(strides=[1, 2, 2, 1], padding="SAME")
+    outs = []
+    for t in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+        numba.set_num_threads(t)
+        try:
+            outs.append([raw_ops.Conv2D(input=x, filter=w, **attrs),
+                         raw_ops.Conv2DBackpropInput(input_sizes=list(x.shape), filter=w,
+                                                     out_backprop=g, **attrs),
+                         raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=list(w.shape),
+                                                      out_backprop=g, **attrs)])
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    for a, b in zip(*outs):
+        assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_snake_case_names_are_tfs():
+    assert tfgrad.conv2d is not None
+    assert tfgrad.conv2d_backprop_input is not None
+    assert tfgrad.conv2d_backprop_filter is not None
