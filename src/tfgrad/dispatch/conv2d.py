@@ -13,9 +13,10 @@ import numpy as np
 
 from .._compile import launch
 from .._tf.contraction import Plan
-from .._tf.conv2d import Geometry, edge_plan, eigen_gemv, gemv_one
+from .._tf.conv2d import Geometry, edge_plan
 from .._tf.fpenv import flush_denormals
 from ..kernels import conv2d as k
+from ..kernels import matmul as km
 from . import matmul as mm
 
 F32 = np.float32
@@ -28,8 +29,10 @@ def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.n
     n = 1: its own GEMV) by the reference, which is O(K N)."""
     A = a.T if ta else a
     B = b.T if tb else b
-    if A.shape[0] == 1:
-        return eigen_gemv(A, B)
+    if A.shape[0] == 1:  # (compiled: tfgrad._tf.conv2d.eigen_gemv is its NumPy model)
+        y = np.zeros(B.shape[1], F32)
+        km.eigen_gemv(np.ascontiguousarray(A[0]), B, y)
+        return y[None, :]
     return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]))
 
 
@@ -71,8 +74,10 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
             if kind == "smalln":
                 col = np.empty((a.shape[0], geo.F), F32)
                 launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=col.size)
-            elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t, image by image
-                col = np.concatenate([gemv_one(a[i:i + 1], W) for i in range(e - s)])
+            elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t over all of K = O,
+                col = np.zeros((e - s, geo.F), F32)  # image by image (its NumPy model:
+                for i in range(e - s):  # tfgrad._tf.conv2d.gemv_one)
+                    km.gemv_t(W, np.ascontiguousarray(a[i]), col[i], 0, geo.O)
             else:
                 col = _contract(a, W, False, True, p)
             launch(_FAMILY, k.col2im, (e - s) * geo.P * geo.F, np.ascontiguousarray(col),

@@ -11,6 +11,7 @@ dropped).
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
@@ -150,3 +151,65 @@ def pad_columns(src, dst):  # type: ignore[no-untyped-def]  # pragma: no cover -
             dst[k, j] = src[k, j]
         for j in range(N, Np):
             dst[k, j] = 0.0
+
+
+# --------------------------------------------------------------------------------------
+# The GEMVs TF runs for one-wide contractions (the NumPy models: tfgrad._tf.onednn.gemv_t,
+# tfgrad._tf.conv2d.eigen_gemv), operation for operation under FTZ / DAZ
+# --------------------------------------------------------------------------------------
+@jit
+def gemv_t(X, w, y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """oneDNN's gemv_t over k in [s, e), in place on y [R] (X [R, K], w [K]): 8 FMA lanes
+    over the first 16*floor(K/16) (lane l: k = l mod 8), the horizontal sum
+    ((l0+l1)+(l4+l5)) + ((l2+l3)+(l6+l7)) added; then chunks of 8, 4, 2, 1 of products
+    (fma from 0), each summed as the lanes are and added."""
+    fz = ftz_enter()
+    zero = np.float32(0.0)
+    acc = np.zeros(8, np.float32)
+    p = np.zeros(8, np.float32)
+    K = e - s
+    k16 = s + K - K % 16
+    for r in range(X.shape[0]):
+        acc[:] = zero
+        for j in range(s, k16, 8):
+            for lane in range(8):
+                acc[lane] = fma32(X[r, j + lane], w[j + lane], acc[lane])
+        yr = y[r]
+        if k16 > s:
+            yr = yr + (((acc[0] + acc[1]) + (acc[4] + acc[5]))
+                       + ((acc[2] + acc[3]) + (acc[6] + acc[7])))
+        j = k16
+        for width in (8, 4, 2, 1):
+            if e - j >= width:
+                for lane in range(width):
+                    p[lane] = fma32(X[r, j + lane], w[j + lane], zero)
+                if width == 8:
+                    t = ((p[0] + p[1]) + (p[4] + p[5])) + ((p[2] + p[3]) + (p[6] + p[7]))
+                elif width == 4:
+                    t = (p[0] + p[1]) + (p[2] + p[3])
+                elif width == 2:
+                    t = p[0] + p[1]
+                else:
+                    t = p[0]
+                yr = yr + t
+                j += width
+        y[r] = yr
+    ftz_exit(fz)
+
+
+@jit
+def eigen_gemv(a, B, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Eigen's own column-major GEMV (no FMA): y[j] = sum_k B[k, j] a[k] in blocks of k
+    (all of K below 128, else 16; 4 when the outer stride is 32000 bytes or more), each a
+    mul-then-add chain from 0, added to y (y [N] zeroed by the caller)."""
+    fz = ftz_enter()
+    K, N = B.shape
+    block = K if K < 128 else (16 if N * 4 < 32000 else 4)
+    zero = np.float32(0.0)
+    for s in range(0, K, block):
+        for j in range(N):
+            c = zero
+            for k in range(s, min(K, s + block)):
+                c = c + B[k, j] * a[k]
+            y[j] = y[j] + c
+    ftz_exit(fz)
