@@ -7,28 +7,11 @@ Conv2DBackpropInput's sharded path when OH*OW < 16 (16 FMA lanes over k mod 16, 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
 from .._compile import Twins
 from .._tf.mxcsr import ftz_enter, ftz_exit
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):  # type: ignore[no-untyped-def]
-    """float32 fma(a, b, c) with one rounding (``llvm.fma.f32``, as ``vfmadd231ps``)."""
-    if not (a == types.float32 and b == types.float32 and c == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        f32 = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
-                                            "llvm.fma.f32")
-        return builder.call(fn, list(args))
-
-    return types.float32(a, b, c), codegen
+from .matmul import fma32
 
 
 def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -123,7 +106,7 @@ def _smalln(A, B, C):  # type: ignore[no-untyped-def]  # pragma: no cover
         f = t % F
         acc = np.zeros(16, np.float32)
         for k in range(K):
-            acc[k % 16] = _fma(A[r, k], B[f, k], acc[k % 16])
+            acc[k % 16] = fma32(A[r, k], B[f, k], acc[k % 16])
         h = 8
         while h >= 1:
             for i in range(h):
