@@ -34,6 +34,20 @@ def _labels(model, xs: list[np.ndarray], seed: int = 11) -> list[np.ndarray]:
     return [rng.integers(0, classes, len(x)).astype(np.int32) for x in xs]
 
 
+def _assert_tfs(got: list, ref: list, names: dict, full: int) -> None:
+    """Step-0 outputs, every variable after each of the first ``full`` steps, and every
+    step's loss: TF's bits."""
+    np.testing.assert_array_equal(got[0]["y"], ref[0]["y"], strict=True)
+    for step in range(full):
+        tfw = models.named_like(names, ref[step]["weights"])
+        port = models.by_name(got[step]["weights"])
+        assert set(tfw) == set(port)
+        differ = sorted(n for n in tfw if not np.array_equal(port[n], tfw[n]))
+        assert not differ, f"step {step + 1}: {len(differ)} of {len(tfw)} differ: {differ[:8]}"
+    np.testing.assert_array_equal(np.array([g["loss"] for g in got]),
+                                  np.array([r["loss"] for r in ref]), strict=True)
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     folder = str(tmp_path_factory.mktemp("qat_exact"))
@@ -50,16 +64,7 @@ def test_whole_step_is_tfs(saved: dict, name: str) -> None:
     labels = _labels(k, xs)
     ref = models.tf_xent_steps(k, xs, labels, LR)
     got = models.torch_xent_steps(m, xs, labels, LR)
-    np.testing.assert_array_equal(got[0]["y"], ref[0]["y"], strict=True)
-    names = m.keras_weights()
-    for step in range(full):
-        tfw = models.named_like(names, ref[step]["weights"])
-        ptw = models.by_name(got[step]["weights"])
-        assert set(tfw) == set(ptw)
-        differ = sorted(n for n in tfw if not np.array_equal(ptw[n], tfw[n]))
-        assert not differ, f"step {step + 1}: {len(differ)} of {len(tfw)} differ: {differ[:8]}"
-    np.testing.assert_array_equal(np.array([g["loss"] for g in got]),
-                                  np.array([r["loss"] for r in ref]), strict=True)
+    _assert_tfs(got, ref, m.keras_weights(), full)
 
 
 # --- JAX: the same step under jax.jit ----------------------------------------------------
@@ -155,16 +160,7 @@ def test_jax_whole_step_is_tfs(saved: dict, tf_runs: dict, name: str) -> None:
     xs, labels, ref = tf_runs[name]
     m = jq.load_keras(saved[name])
     got = _jax_xent_steps(m, xs, labels, "exact")
-    np.testing.assert_array_equal(got[0]["y"], ref[0]["y"], strict=True)
-    names = m.keras_weights()
-    for step in range(full):
-        tfw = models.named_like(names, ref[step]["weights"])
-        jxw = models.by_name(got[step]["weights"])
-        assert set(tfw) == set(jxw)
-        differ = sorted(n for n in tfw if not np.array_equal(jxw[n], tfw[n]))
-        assert not differ, f"step {step + 1}: {len(differ)} of {len(tfw)} differ: {differ[:8]}"
-    np.testing.assert_array_equal(np.array([g["loss"] for g in got]),
-                                  np.array([r["loss"] for r in ref]), strict=True)
+    _assert_tfs(got, ref, m.keras_weights(), full)
 
 
 def _xent_case() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

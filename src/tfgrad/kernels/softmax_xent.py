@@ -15,6 +15,7 @@ import numpy as np
 from numba import prange, types
 
 from .._compile import Twins, inline
+from .._tf.expf import C1, C2, EXP_HI, EXP_LO, FLT_MIN64, HALF, LOG2EF, P2, P3, P4, P5, P6
 from .._tf.mxcsr import ftz_enter, ftz_exit
 from .reduction import _ftz, _tree
 
@@ -23,18 +24,6 @@ _ZERO = F32(0.0)
 _ONE = F32(1.0)
 _LEAF = 8 * 1024
 _ROWS = 16
-_FLT_MIN64 = 2.0**-126
-_EXP_HI = F32(88.723)
-_EXP_LO = F32(-104.0)
-_LOG2EF = F32(1.44269504088896341)
-_HALF = F32(0.5)
-_C1 = F32(-0.693359375)
-_C2 = F32(2.12194440e-4)
-_P2 = F32(0.49999988079071044921875)
-_P3 = F32(0.16666518151760101318359375)
-_P4 = F32(4.166965186595916748046875e-2)
-_P5 = F32(8.36894474923610687255859375e-3)
-_P6 = F32(1.37449637986719608306884765625e-3)
 
 # The C library's functions, called by name (never Numba's math.exp, which LLVM may
 # vectorise into another library's approximation).
@@ -55,21 +44,21 @@ def _pexp(x0):
     """Eigen's pexp_float on one lane (x0 already flushed)."""
     if x0 != x0:
         return x0
-    if x0 < _EXP_LO:
+    if x0 < EXP_LO:
         return _ZERO
-    x = _EXP_HI if x0 > _EXP_HI else x0
-    m = np.floor(_madd(x, _LOG2EF, _HALF))
-    r = _madd(m, _C1, x)
-    r = _madd(m, _C2, r)
+    x = EXP_HI if x0 > EXP_HI else x0
+    m = np.floor(_madd(x, LOG2EF, HALF))
+    r = _madd(m, C1, x)
+    r = _madd(m, C2, r)
     r2 = r * r
-    p_even = _madd(r2, _P6, _P4)
-    p_odd = _madd(r2, _P5, _P3)
-    p_even = _madd(r2, p_even, _P2)
+    p_even = _madd(r2, P6, P4)
+    p_odd = _madd(r2, P5, P3)
+    p_even = _madd(r2, p_even, P2)
     p_low = r + _ONE
     y = _madd(r, p_odd, p_even)
     y = _madd(r2, y, p_low)
     s = np.float64(y) * _POW2[int(m) + 160]  # exact: y * 2**m
-    out = _ZERO if abs(s) < _FLT_MIN64 else F32(s)
+    out = _ZERO if abs(s) < FLT_MIN64 else F32(s)
     return out if out >= x0 else x0  # pmax(ldexp(y, m), x)
 
 
