@@ -30,6 +30,8 @@ few times the output's.
 
 from __future__ import annotations
 
+import inspect
+
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,10 +87,12 @@ def _unwindow(y: torch.Tensor, h: Axis, w: Axis) -> torch.Tensor:
 def _ieee() -> Iterator[None]:
     """cuDNN convolutions in IEEE float32 (no TF32), the user's other cuDNN flags kept."""
     c = torch.backends.cudnn
+    # (flags() of older torch releases takes fewer keywords: keep the ones it has)
+    kept = {k: getattr(c, k) for k in ("fp32_precision", "depthwise_kernel")
+            if k in inspect.signature(c.flags).parameters}
     with c.flags(enabled=c.enabled, benchmark=c.benchmark,
                  benchmark_limit=c.benchmark_limit or 10, deterministic=c.deterministic,
-                 allow_tf32=False, fp32_precision=c.fp32_precision,
-                 depthwise_kernel=c.depthwise_kernel):
+                 allow_tf32=False, **kept):
         yield
 
 
