@@ -73,7 +73,7 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
             a = g[s:e].reshape((e - s) * geo.P, geo.O)
             if kind == "smalln":
                 col = np.empty((a.shape[0], geo.F), F32)
-                launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=col.size)
+                launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=geo.F)
             elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t over all of K = O,
                 col = np.zeros((e - s, geo.F), F32)  # image by image (its NumPy model:
                 for i in range(e - s):  # tfgrad._tf.conv2d.gemv_one)

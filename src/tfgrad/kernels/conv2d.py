@@ -11,7 +11,8 @@ from numba import prange
 
 from .._compile import Twins
 from .._tf.mxcsr import ftz_enter, ftz_exit
-from .matmul import fma32
+from ._simd import vload, vstore, vzeros
+from .matmul import fma32, vfma
 
 
 def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -95,24 +96,31 @@ def _col2im(col, KH, KW, OH, OW, sh, sw, pt, pl, dx):  # type: ignore[no-untyped
 
 
 def _smalln(A, B, C):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """C [R, F] = A [R, K] x B [F, K]^T as oneDNN's gemm_smalln_tn: per output, lane l of
-    16 a FMA chain from +0 over k = l (mod 16), then lanes l + 8, l + 4, l + 2, l + 1
-    added in halving steps."""
+    """C [R, F] = A [R, K] x B [F, K]^T (both C-contiguous) as oneDNN's gemm_smalln_tn:
+    per output, lane l of 16 a FMA chain from +0 over k = l (mod 16), then lanes l + 8,
+    l + 4, l + 2, l + 1 added in halving steps. The full 16-wide steps run as one vector
+    FMA; the last K % 16 values of k go to their lanes one by one."""
     R, K = A.shape
     F = B.shape[0]
-    for t in prange(R * F):
+    K16 = K - K % 16
+    Af = A.reshape(-1)
+    Bf = B.reshape(-1)
+    for f in prange(F):
         fz = ftz_enter()
-        r = t // F
-        f = t % F
-        acc = np.zeros(16, np.float32)
-        for k in range(K):
-            acc[k % 16] = fma32(A[r, k], B[f, k], acc[k % 16])
-        h = 8
-        while h >= 1:
-            for i in range(h):
-                acc[i] = acc[i] + acc[i + h]
-            h //= 2
-        C[r, f] = acc[0]
+        acc = np.empty(16, np.float32)
+        for r in range(R):
+            v = vzeros(Af)
+            for k0 in range(0, K16, 16):
+                v = vfma(vload(Af, r * K + k0), vload(Bf, f * K + k0), v)
+            vstore(acc, 0, v)
+            for lane in range(K - K16):
+                acc[lane] = fma32(A[r, K16 + lane], B[f, K16 + lane], acc[lane])
+            h = 8
+            while h >= 1:
+                for i in range(h):
+                    acc[i] = acc[i] + acc[i + h]
+                h //= 2
+            C[r, f] = acc[0]
         ftz_exit(fz)
 
 

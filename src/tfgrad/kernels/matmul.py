@@ -19,24 +19,66 @@ from numba.extending import intrinsic
 
 from .._compile import Twins, jit
 from .._tf.mxcsr import ftz_enter, ftz_exit
-from ._simd import _VEC, _llvm_type, _splat, vload, vstore, vzeros
+from ._simd import _VEC, Vec, _llvm_type, _pointer, _splat, vload, vstore, vzeros
 
 _V = _VEC[types.float32]
 
 
+_V8 = Vec(types.float32, 8)  # half a register: oneDNN's gemv_t keeps 8 lanes
+
+
 @intrinsic
 def vfma(typingctx, s, v, acc):  # type: ignore[no-untyped-def]
-    """fma(splat(s), v, acc) with one rounding per lane (``llvm.fma.v16f32``)."""
-    if not (s == types.float32 and v == _V and acc == _V):
+    """fma(s, v, acc) with one rounding per lane (``llvm.fma.v16f32`` / ``v8f32``); ``s``
+    a float32 (broadcast) or a vector of acc's type."""
+    vt = acc
+    if not (vt in (_V, _V8) and v == vt and (s == types.float32 or s == vt)):
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        ty = _llvm_type(_V)
+        ty = _llvm_type(vt)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3),
-                                            "llvm.fma.v16f32")
-        return builder.call(fn, [_splat(builder, _V, args[0]), args[1], args[2]])
+                                            f"llvm.fma.v{vt.lanes}f32")
+        a = args[0] if s == vt else _splat(builder, vt, args[0])
+        return builder.call(fn, [a, args[1], args[2]])
 
-    return _V(s, v, acc), codegen
+    return vt(s, v, acc), codegen
+
+
+@intrinsic
+def vload8(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + 8] of a float32 array (C-contiguous, one-dimensional)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32
+            and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1], _V8),
+                            align=4)
+
+    return _V8(arr, i), codegen
+
+
+@intrinsic
+def vzeros8(typingctx):  # type: ignore[no-untyped-def]
+    """Eight float32 +0."""
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return ir.Constant(_llvm_type(_V8), [0.0] * 8)
+
+    return _V8(), codegen
+
+
+@intrinsic
+def vlanes8(typingctx, v):  # type: ignore[no-untyped-def]
+    """The eight lanes of v as a tuple of float32."""
+    if v != _V8:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        lanes = [builder.extract_element(args[0], ir.IntType(32)(k)) for k in range(8)]
+        return context.make_tuple(builder, sig.return_type, lanes)
+
+    return types.UniTuple(types.float32, 8)(v), codegen
 
 
 @intrinsic
@@ -159,25 +201,26 @@ def pad_columns(src, dst):  # type: ignore[no-untyped-def]  # pragma: no cover -
 # --------------------------------------------------------------------------------------
 @jit
 def gemv_t(X, w, y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """oneDNN's gemv_t over k in [s, e), in place on y [R] (X [R, K], w [K]): 8 FMA lanes
+    """oneDNN's gemv_t over k in [s, e), in place on y [R] (X [R, K], w [K], both
+    C-contiguous): 8 FMA lanes
     over the first 16*floor(K/16) (lane l: k = l mod 8), the horizontal sum
     ((l0+l1)+(l4+l5)) + ((l2+l3)+(l6+l7)) added; then chunks of 8, 4, 2, 1 of products
     (fma from 0), each summed as the lanes are and added."""
     fz = ftz_enter()
     zero = np.float32(0.0)
-    acc = np.zeros(8, np.float32)
     p = np.zeros(8, np.float32)
     K = e - s
     k16 = s + K - K % 16
+    Xf = X.reshape(-1)  # (X and w C-contiguous: the lanes are vector loads)
     for r in range(X.shape[0]):
-        acc[:] = zero
+        acc = vzeros8()
+        base = r * X.shape[1]
         for j in range(s, k16, 8):
-            for lane in range(8):
-                acc[lane] = fma32(X[r, j + lane], w[j + lane], acc[lane])
+            acc = vfma(vload8(Xf, base + j), vload8(w, j), acc)
         yr = y[r]
         if k16 > s:
-            yr = yr + (((acc[0] + acc[1]) + (acc[4] + acc[5]))
-                       + ((acc[2] + acc[3]) + (acc[6] + acc[7])))
+            a0, a1, a2, a3, a4, a5, a6, a7 = vlanes8(acc)
+            yr = yr + (((a0 + a1) + (a4 + a5)) + ((a2 + a3) + (a6 + a7)))
         j = k16
         for width in (8, 4, 2, 1):
             if e - j >= width:
