@@ -17,6 +17,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     """The softmax of checked, non-empty logits over the last axis."""
     shape = logits.shape
     x = np.ascontiguousarray(logits, F32).reshape(-1, shape[-1])
-    out = np.empty(x.shape, F32)
-    launch(_FAMILY, k.softmax, x.size, x, out, BLOCK, units=-(-x.shape[0] // 16))
+    rows, c = x.shape
+    out = np.empty(x.size, F32)
+    launch(_FAMILY, k.softmax, x.size, x.reshape(-1), out, rows, c, BLOCK,
+           units=-(-rows // 16))
     return out.reshape(shape)

@@ -18,6 +18,7 @@ def xent(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarr
     x = np.ascontiguousarray(features, F32)
     lab = np.ascontiguousarray(labels, np.int64)
     loss = np.empty(b, F32)
-    backprop = np.empty((b, c), F32)
-    launch(_FAMILY, k.xent, x.size, x, lab, loss, backprop, units=-(-b // 16))
-    return loss, backprop
+    backprop = np.empty(b * c, F32)
+    launch(_FAMILY, k.xent, x.size, x.reshape(-1), lab, loss, backprop, b, c,
+           units=-(-b // 16))
+    return loss, backprop.reshape(b, c)
