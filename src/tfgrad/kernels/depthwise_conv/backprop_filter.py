@@ -355,8 +355,8 @@ def _filter_sweep(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, ja, jb, ow, sw, pl
     ones unchecked and prefetching the next output row's lines. An empty border range
     is not called, here rather than by an early return inside _filter_cols (which
     compiled much slower): its accumulators' loads and stores cost time for nothing."""
-    if ja > 0:
-        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, 0, ja, sw, pl, tc, dw,
+    if ja > 0:  # (from a run-time 0: a literal 0 would compile _filter_cols once more)
+        _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, True, ja - ja, ja, sw, pl, tc, dw,
                      W, -1, 0, 0, 0, two=two, NL=NL, XS=XS, XQ=XQ)
     _filter_cols(bf, gf, src, go, ch, CM, ro, ok, nr, b, FW, False, ja, jb, sw, pl, tc, dw,
                  W, pg, px, npx, WC, two=two, NL=NL, XS=XS, XQ=XQ)

@@ -387,6 +387,9 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
         taphit = np.zeros(FW, np.bool_)
         unit = sw == 1 and dw == 1
         pair = PAIR and blocked and M == 2 and CV % (2 * NL) == 0
+        # (a run-time 0 for the first channel vector: a literal 0 would compile _bi_block
+        # once more for each of its call sites' other arguments)
+        ch00 = CM - CM
         cur = np.zeros(2, np.int64)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
@@ -415,7 +418,7 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
                         taphit[c] = q - tapb[c] * sw == 0
                         if taphit[c]:
                             U0, U1 = max(U0, -tapb[c]), min(U1, ow - tapb[c])
-                    u = 0
+                    u = ch00  # (run-time: see ch00)
                     if blocked:
                         V = 2 * NL if pair else NL  # (the lanes a block takes)
                         nb = Up // _P
@@ -457,12 +460,12 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
                                     for e in range(0, _P * CM, 16):
                                         prefetch(gf, pa + e)
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
-                                                 o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                                 o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
                                                  check=False, unit=unit, stream=stream,
                                                  pair=False)
                             else:
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
-                                                 o, sw * CM, CM, 0, CV, GS, CS, NL, FH, FW, ow,
+                                                 o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
                                                  check=True, unit=unit, stream=stream,
                                                  pair=False)
                             u1 = u + _P
