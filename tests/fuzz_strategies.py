@@ -272,6 +272,23 @@ def _output_shapes(op: OpDef, a: dict[str, np.ndarray], attrs: dict[str, Any]) -
         return [a["features"].shape[:1], a["features"].shape]
     if name == "Softmax":
         return [a["logits"].shape]
+    if name == "AvgPool":  # (a window ksize <= 0 or stride <= 0 never gets here)
+        x, k, st_ = a["value"].shape, attrs["ksize"], attrs["strides"]
+        return [(x[0], *(_conv_out(x[i], k[i], st_[i], 1, attrs["padding"], 0, 0)
+                         for i in (1, 2)), x[3])]
+    if name == "AvgPoolGrad":
+        return [_shape_vector(name, a["orig_input_shape"])]
+    if name == "MaxPool":
+        x, k, st_ = a["input"].shape, attrs["ksize"], attrs["strides"]
+        ep = list(attrs["explicit_paddings"]) or [0] * 8
+        return [(x[0], *(_conv_out(x[i], k[i], st_[i], 1, attrs["padding"], *ep[2 * i:2 * i + 2])
+                         for i in (1, 2)), x[3])]
+    if name == "MaxPoolGrad":
+        return [a["orig_input"].shape]
+    if name in ("Rsqrt", "RsqrtGrad"):
+        return [a["x" if name == "Rsqrt" else "y"].shape]
+    if name == "SquaredDifference":  # numpy's broadcast rules are TF's BCast's
+        return [np.broadcast_shapes(a["x"].shape, a["y"].shape)]
     raise KeyError(name)
 
 
@@ -656,6 +673,69 @@ def _softmax(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Exampl
 
 
 _BUILDERS["softmax"] = _softmax
+
+
+def _max_pool(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    t = _float_t(rng, op.type_attr("T").allowed)
+    shape = (*_dims(rng, 1, 3), *_dims(rng, 2, 7, 0.03), *_dims(rng, 1, 5))
+    k = [int(v) for v in rng.integers(1, 4, 2)]
+    s = [int(v) for v in rng.integers(1, 3, 2)]
+    padding = str(rng.choice(["SAME", "VALID", "EXPLICIT"]))
+    pads = [0, 0, *(int(rng.integers(0, k[i // 2])) for i in range(4)), 0, 0]
+    attrs = {"ksize": [1, *k, 1], "strides": [1, *s, 1], "padding": padding,
+             "explicit_paddings": pads if padding == "EXPLICIT" else []}
+    x = _values(rng, shape, t, sp)
+    if op.name == "MaxPool":
+        return Example(op.name, {"input": _layout(draw, rng, x)}, attrs)
+    try:  # (the gradient's shapes from the forward; a bad geometry keeps a wrong one)
+        y = tfgrad.raw_ops.MaxPool(input=x, **attrs).shape
+    except tfgrad.InvalidArgumentError:
+        y = shape
+    ins = {"orig_input": _layout(draw, rng, x),
+           "orig_output": _layout(draw, rng, _values(rng, y, t, sp)),
+           "grad": _layout(draw, rng, _values(rng, y, t, sp))}
+    return Example(op.name, ins, attrs)
+
+
+_BUILDERS["max_pool"] = _max_pool
+
+
+def _avg_pool(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    t = _float_t(rng, op.type_attr("T").allowed)
+    shape = (*_dims(rng, 1, 3), *_dims(rng, 2, 7, 0.03), *_dims(rng, 1, 5))
+    k = [int(v) for v in rng.integers(1, 4, 2)]
+    s = [int(v) for v in rng.integers(1, 3, 2)]
+    attrs = {"ksize": [1, *k, 1], "strides": [1, *s, 1],
+             "padding": str(rng.choice(["SAME", "VALID"]))}
+    x = _values(rng, shape, t, sp)
+    if op.name == "AvgPool":
+        return Example(op.name, {"value": _layout(draw, rng, x)}, attrs)
+    try:  # (the gradient's shape from the forward; a bad geometry keeps a wrong one)
+        y = tfgrad.raw_ops.AvgPool(value=x, **attrs).shape
+    except tfgrad.InvalidArgumentError:
+        y = shape
+    return Example(op.name, {"orig_input_shape": _layout(draw, rng, np.array(shape, np.int32)),
+                             "grad": _layout(draw, rng, _values(rng, y, t, sp))}, attrs)
+
+
+_BUILDERS["avg_pool"] = _avg_pool
+
+
+def _cwise(draw: Any, op: OpDef, rng: np.random.Generator, sp: bool) -> Example:
+    t = _float_t(rng, op.type_attr("T").allowed)
+    shape = tuple(_dims(rng, int(rng.integers(0, 4)), 20, 0.05))
+    if op.name == "Rsqrt":
+        return Example(op.name, {"x": _layout(draw, rng, _values(rng, shape, t, sp, 0, 8))}, {})
+    if op.name == "RsqrtGrad":
+        return Example(op.name, {"y": _layout(draw, rng, _values(rng, shape, t, sp)),
+                                 "dy": _layout(draw, rng, _values(rng, shape, t, sp))}, {})
+    # SquaredDifference: y broadcast against x (a suffix of x's shape with some dims 1)
+    ys = [1 if rng.random() < 0.3 else d for d in shape[int(rng.integers(0, len(shape) + 1)):]]
+    return Example(op.name, {"x": _layout(draw, rng, _values(rng, shape, t, sp)),
+                             "y": _layout(draw, rng, _values(rng, tuple(ys), t, sp))}, {})
+
+
+_BUILDERS["cwise"] = _cwise
 
 
 # ---- Mutations ------------------------------------------------------------------------

@@ -62,6 +62,14 @@ _PROBES = {
         out_backprop=np.ones((1, 2, 2, 1), np.float32), strides=[1, 1, 1, 1],
         padding="VALID"),
     "softmax": lambda: raw_ops.Softmax(logits=np.ones((2, 3), np.float32)),
+    "cwise": lambda: raw_ops.RsqrtGrad(y=np.ones(3, np.float32), dy=np.ones(3, np.float32)),
+    "max_pool": lambda: raw_ops.MaxPoolGrad(
+        orig_input=np.ones((1, 2, 2, 1), np.float32), orig_output=np.ones((1, 1, 1, 1), np.float32),
+        grad=np.ones((1, 1, 1, 1), np.float32), ksize=[1, 2, 2, 1], strides=[1, 1, 1, 1],
+        padding="VALID"),
+    "avg_pool": lambda: raw_ops.AvgPoolGrad(
+        orig_input_shape=[1, 2, 2, 1], grad=np.ones((1, 1, 1, 1), np.float32),
+        ksize=[1, 2, 2, 1], strides=[1, 1, 1, 1], padding="VALID"),
 }
 _FAMILY_OPS = {
     "fake_quant": lambda: [raw_ops.FakeQuantWithMinMaxArgs(inputs=np.ones(2, np.float32))],
@@ -86,6 +94,14 @@ _FAMILY_OPS = {
                                       filter=np.ones((2, 2, 2, 1), np.float32),
                                       strides=[1, 1, 1, 1], padding="VALID")],
     "softmax": lambda: [raw_ops.Softmax(logits=np.ones((2, 3), np.float32))],
+    "cwise": lambda: [raw_ops.SquaredDifference(x=np.ones((2, 3), np.float32),
+                                                y=np.ones((1, 3), np.float32))],
+    "max_pool": lambda: [raw_ops.MaxPool(input=np.ones((1, 2, 2, 1), np.float32),
+                                         ksize=[1, 2, 2, 1], strides=[1, 1, 1, 1],
+                                         padding="VALID")],
+    "avg_pool": lambda: [raw_ops.AvgPool(value=np.ones((1, 2, 2, 1), np.float32),
+                                         ksize=[1, 2, 2, 1], strides=[1, 1, 1, 1],
+                                         padding="VALID")],
 }
 
 

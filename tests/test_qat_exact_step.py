@@ -4,10 +4,11 @@ TF 2.21 (TF_ENABLE_ONEDNN_OPTS=0) bit for bit, every kernel of the step being TF
 TF's loss (the mean of SparseSoftmaxCrossEntropyWithLogits) and tf_keras' SGD.
 
 The models: depthwise_chain (depthwise convolutions, batch norm, ReLU/ReLU6, Add,
-Concatenate, MaxPooling2D, Dense) and MobileNetV2 returning logits (Conv2D 1x1 and 3x3
+Concatenate, MaxPooling2D, Dense), MobileNetV2 returning logits (Conv2D 1x1 and 3x3
 stride 2, depthwise convolutions, batch norm, ReLU6, Add, ZeroPadding2D, global average
-pooling, Dense). Models with a softmax layer, average pooling or 2-D batch norm still run
-torch's own ops there (docs/qat.md).
+pooling, Dense), cnn (SAME average pooling, Dense + 2-D batch norm, a softmax output),
+separable (SeparableConv2D, VALID average pooling) and mlp (Reshape, Dense, a Softmax
+layer): every rewrite pattern of tfmot's default registry that tfgrad loads.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import tfgrad.torch.qat as tq  # noqa: E402
 from tfgrad.testing import qat as models  # noqa: E402
 
 LR = 0.05
-MODELS = {"depthwise_chain": (3, 20), "mobilenet_v2_logits": (3, 20)}
+MODELS = {"depthwise_chain": (3, 20), "mobilenet_v2_logits": (3, 20), "cnn": (3, 20),
+          "separable": (3, 20), "mlp": (3, 20)}
 """model -> (steps whose every variable is compared, steps whose losses are compared)"""
 
 

@@ -232,6 +232,30 @@ GRADIENTS: dict[str, tuple[GradCall, ...]] = {
     # </reduction>
     # <softmax_xent>
     # </softmax_xent>
+    # <max_pool>
+    # TF's _MaxPoolGrad: MaxPoolGrad of the forward's input and output. (TF differentiates
+    # MaxPoolGrad with MaxPoolGradGrad, which tfgrad does not implement: no entry.)
+    "MaxPool": (
+        GradCall("MaxPoolGrad", {"orig_input": _in("input"), "orig_output": _out("output"),
+                                 "grad": _grad("output")}, {"input": "output"}),
+    ),
+    # </max_pool>
+    # <avg_pool>
+    # TF's _AvgPoolGrad: AvgPoolGrad of the forward input's shape; _AvgPoolGradGrad:
+    # AvgPool of the incoming gradient (its adjoint, in TF's AvgPool bits), none for the
+    # shape.
+    "AvgPool": (
+        GradCall("AvgPoolGrad", {"orig_input_shape": _shape("value"),
+                                 "grad": _grad("output")}, {"value": "output"}),
+    ),
+    "AvgPoolGrad": (
+        GradCall("AvgPool", {"value": _grad("output")}, {"grad": "output"}),
+    ),
+    # </avg_pool>
+    # <cwise>
+    # TF's _RsqrtGrad: RsqrtGrad(y, grad) on the forward's output.
+    "Rsqrt": (GradCall("RsqrtGrad", {"y": _out("y"), "dy": _grad("y")}, {"x": "z"}),),
+    # </cwise>
 }
 
 @dataclass(frozen=True)
@@ -287,6 +311,15 @@ LINEARISED: dict[str, Linearised] = {
     # Softmax and Sum (TF's bits on CPU); the JAX native one differentiates jnp's formula.
     "Softmax": Linearised(("logits",), ("softmax",)),
     # </softmax>
+    # <cwise>
+    # TF's _SquaredDifferenceGrad: x_grad = (2 * grad) * (x - y), Sum over each input's
+    # broadcast axes and Reshape, negated for y: a composite of TF ops, which the portable
+    # torch implementation's backward runs on tfgrad's Sum (TF's bits on CPU for float32).
+    "SquaredDifference": Linearised(("x", "y"), ("z",)),
+    # TF's _RsqrtGradGrad: -1.5 * grad * dy * y^2 for y, RsqrtGrad(y, grad) for dy: a
+    # composite, differentiated through the portable implementation.
+    "RsqrtGrad": Linearised(("y", "dy"), ("z",)),
+    # </cwise>
 }
 
 

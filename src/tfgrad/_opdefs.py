@@ -741,10 +741,157 @@ SOFTMAX: tuple[OpDef, ...] = (
     ),
 )
 # </softmax>
+# <max_pool>
+_MP_ATTRS = (
+    Attr("ksize", "list(int)", min_length=4,
+         doc="The size of the window for each dimension of the input tensor."),
+    Attr("strides", "list(int)", min_length=4,
+         doc="The stride of the sliding window for each dimension of the input tensor."),
+    Attr("padding", "string", allowed=("SAME", "VALID", "EXPLICIT"),
+         doc="The type of padding algorithm to use."),
+    Attr("explicit_paddings", "list(int)", (),
+         doc="With EXPLICIT padding: [before, after] for each of the 4 dimensions."),
+)
+_MP_T = (TypeAttr("T", ("float32", "float64")),)
+MAX_POOL: tuple[OpDef, ...] = (
+    OpDef(
+        "MaxPool", "max_pool",
+        inputs=(Input("input", type_attr="T", doc="4-D input to pool over (NHWC)."),),
+        attrs=(*_MP_ATTRS,
+               Attr("data_format", "string", "NHWC", allowed=("NHWC", "NCHW", "NCHW_VECT_C"),
+                    doc="Layout of the data (TF's CPU kernel: NHWC only).")),
+        outputs=(Output("output", type_attr="T", doc="The max pooled output tensor."),),
+        type_attrs=_MP_T,
+        summary="Performs max pooling on the input.",
+        description="As TF's CPU kernel: each output starts at the type's lowest value and "
+        "takes each window input x (row-major) where out < x, denormals read as zeros of "
+        "their sign: NaN inputs are never taken and a window of -inf or NaN gives the "
+        "lowest finite value (docs/max_pool.md).",
+        notes=("TF also pools half, bfloat16 and integer types, and over the depth "
+               "dimension (ksize[3] > 1); tfgrad pools float32 and float64 over rows and "
+               "columns only.",),
+    ),
+    OpDef(
+        "MaxPoolGrad", "max_pool",
+        inputs=(
+            Input("orig_input", type_attr="T", doc="The original input tensor."),
+            Input("orig_output", type_attr="T",
+                  doc="The original output tensor (only its shape is read, as TF's CPU "
+                  "kernel)."),
+            Input("grad", type_attr="T", doc="Gradients w.r.t. the output of max_pool."),
+        ),
+        attrs=(*_MP_ATTRS,
+               Attr("data_format", "string", "NHWC", allowed=("NHWC", "NCHW"),
+                    doc="Layout of the data (TF's CPU kernel: NHWC only).")),
+        outputs=(Output("output", type_attr="T", doc="Gradients w.r.t. the input to max_pool.",
+                        shape="like orig_input"),),
+        type_attrs=_MP_T,
+        summary="Computes gradients of the maxpooling function.",
+        description="Each grad value goes to its window's argmax, recomputed from "
+        "orig_input: the first element (row-major) no later element exceeds, the window's "
+        "first element even if NaN; values are added into a zero-filled gradient in the "
+        "output's order, each addition flushed (FTZ / DAZ).",
+    ),
+)
+# </max_pool>
+
+# <cwise>
+_CW_T = (TypeAttr("T", FLOATS_ALL),)
+CWISE: tuple[OpDef, ...] = (
+    OpDef(
+        "SquaredDifference", "cwise",
+        inputs=(Input("x", type_attr="T"), Input("y", type_attr="T")),
+        attrs=(),
+        outputs=(Output("z", type_attr="T", doc="(x - y) * (x - y), broadcast."),),
+        type_attrs=_CW_T,
+        summary="Returns conj(x - y)(x - y) element-wise.",
+        description="x and y broadcast as TF's BCast (numpy rules). One subtraction and one "
+        "multiplication, each rounded to T (half types: computed in float32 and rounded "
+        "after each), denormals flushed (FTZ / DAZ) as TF's Eigen CPU kernel.",
+    ),
+    OpDef(
+        "Rsqrt", "cwise",
+        inputs=(Input("x", type_attr="T"),),
+        attrs=(),
+        outputs=(Output("y", type_attr="T", shape="like x"),),
+        type_attrs=_CW_T,
+        summary="Computes reciprocal of square root of x element-wise.",
+        description="As TF's Eigen CPU kernel on the flat tensor: values in full packets of "
+        "8 (float32, and the half types computed in float32) take Eigen's approximate "
+        "prsqrt (the processor's rsqrtps and one Newton step: processor-dependent), the "
+        "last size % 8 the exact 1 / sqrt (half types: the square root rounded to T first); "
+        "float64 is the exact 1 / sqrt everywhere. DAZ: a denormal gives inf.",
+    ),
+    OpDef(
+        "RsqrtGrad", "cwise",
+        inputs=(Input("y", type_attr="T", doc="The forward op's output."),
+                Input("dy", type_attr="T", doc="Gradient with respect to y; as many "
+                      "values as y.")),
+        attrs=(),
+        outputs=(Output("z", type_attr="T", doc="dy * -0.5 * y^3, shaped like y.",
+                        shape="like y"),),
+        type_attrs=_CW_T,
+        summary="Computes the gradient for the rsqrt of x wrt its input.",
+        description="Eigen's scalar_rsqrt_gradient_op: in full packets (8 values; float64 "
+        "4) mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy)), on the tail "
+        "(dy == 0 ? 0 : (-0.5 * (dy * y)) * (y * y)); each product rounded to T, FTZ / DAZ.",
+    ),
+)
+# </cwise>
+# <avg_pool>
+_AP_ATTRS = (
+    Attr("ksize", "list(int)", min_length=4,
+         doc="The size of the sliding window for each dimension of value."),
+    Attr("strides", "list(int)", min_length=4,
+         doc="The stride of the sliding window for each dimension of value."),
+    Attr("padding", "string", allowed=("SAME", "VALID"),
+         doc="The type of padding algorithm to use."),
+    Attr("data_format", "string", "NHWC", allowed=("NHWC", "NCHW"),
+         doc="Layout of the data (TF's CPU kernels: NHWC only)."),
+)
+_AP_T = (TypeAttr("T", FLOATS_ALL),)
+AVG_POOL: tuple[OpDef, ...] = (
+    OpDef(
+        "AvgPool", "avg_pool",
+        inputs=(Input("value", type_attr="T", doc="4-D with shape [batch, height, width, "
+                      "channels]."),),
+        attrs=_AP_ATTRS,
+        outputs=(Output("output", type_attr="T", doc="The average pooled output tensor."),),
+        type_attrs=_AP_T,
+        summary="Performs average pooling on the input.",
+        description="As TF's CPU kernel: each output is its window's cells (padding "
+        "excluded) added in row-major order from +0, then divided by their count, itself "
+        "a sum of ones in T (bfloat16 counts stop at 256, half at 2048); one rounding per "
+        "operation in T (half types: float32 rounded to T), FTZ / DAZ (docs/avg_pool.md).",
+    ),
+    OpDef(
+        "AvgPoolGrad", "avg_pool",
+        inputs=(
+            Input("orig_input_shape", "int32", doc="The forward op's input shape.",
+                  is_shape=True),
+            Input("grad", type_attr="T",
+                  doc="4-D with shape [batch, height, width, channels]: gradients w.r.t. "
+                  "the output of avg_pool."),
+        ),
+        attrs=_AP_ATTRS,
+        outputs=(Output("output", type_attr="T", doc="Gradients w.r.t. the input of "
+                        "avg_pool.", shape="values of orig_input_shape"),),
+        type_attrs=_AP_T,
+        summary="Computes gradients of the average pooling function.",
+        description="As TF's CPU kernel: from zeros, each output's grad * T(1.0 / cells) "
+        "(the product rounded to T, no FMA) is added to its window's cells, outputs in "
+        "row-major order; FTZ / DAZ (docs/avg_pool.md).",
+        notes=("TF 2.21 does not check that grad has the forward output's shape (it reads "
+               "and writes outside its buffers) or that ksize is positive; tfgrad rejects "
+               "both with the words of AvgPool and of later TF versions.",),
+    ),
+)
+# </avg_pool>
 
 OPS: dict[str, OpDef] = {
     op.name: op for op in FAKE_QUANT + BATCH_NORM + DEPTHWISE + FRACTIONAL_POOL + ACTIVATION
-    + BIAS_ADD + MATMUL + CONV2D + REDUCTION + SOFTMAX_XENT + SOFTMAX
+    + BIAS_ADD + MATMUL + CONV2D + REDUCTION + SOFTMAX_XENT + SOFTMAX + MAX_POOL
+    + CWISE + AVG_POOL
 }
 """Every op tfgrad implements, by TF name."""
 

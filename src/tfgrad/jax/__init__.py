@@ -59,6 +59,7 @@ from . import raw_ops
 from ._choice import use_impl
 
 __all__ = [
+    "avg_pool",
     "bias_add",
     "conv2d",
     "depthwise_conv2d_native",
@@ -71,12 +72,15 @@ __all__ = [
     "fused_batch_norm_v2",
     "fused_batch_norm_v3",
     "mat_mul",
+    "max_pool",
     "mean",
     "raw_ops",
     "relu",
     "relu6",
+    "rsqrt",
     "softmax",
     "sparse_softmax_cross_entropy_with_logits",
+    "squared_difference",
     "sum",
     "use_impl",
 ]
@@ -239,3 +243,29 @@ def softmax(logits: Any, *, name: str | None = None) -> jax.Array:
     """``tfgrad.softmax`` in JAX (over the last axis); backward: TF's _SoftmaxGrad
     composite, differentiated through the native code (not TF's bits: XLA's exp)."""
     return raw_ops.Softmax(logits=logits)
+
+
+def avg_pool(value: Any, ksize: list[int], strides: list[int], padding: str,
+             data_format: str = "NHWC", *, name: str | None = None) -> jax.Array:
+    """``tfgrad.avg_pool`` in JAX; backward: AvgPoolGrad."""
+    return raw_ops.AvgPool(value=value, ksize=ksize, strides=strides, padding=padding,
+                           data_format=data_format)
+
+
+def max_pool(input: Any, ksize: list[int], strides: list[int], padding: str,
+             explicit_paddings: Sequence[int] = (), data_format: str = "NHWC", *,
+             name: str | None = None) -> jax.Array:
+    """``tfgrad.max_pool`` in JAX; backward: MaxPoolGrad (TF's first-maximum argmax)."""
+    return raw_ops.MaxPool(input=input, ksize=ksize, strides=strides, padding=padding,
+                           explicit_paddings=list(explicit_paddings),
+                           data_format=data_format)
+
+
+def squared_difference(x: Any, y: Any, *, name: str | None = None) -> jax.Array:
+    """``tfgrad.squared_difference`` in JAX (TF's broadcasting); backward: JAX's."""
+    return raw_ops.SquaredDifference(x=x, y=y)
+
+
+def rsqrt(x: Any, *, name: str | None = None) -> jax.Array:
+    """``tfgrad.rsqrt`` in JAX (TF's approximate packets); backward: RsqrtGrad."""
+    return raw_ops.Rsqrt(x=x)

@@ -19,13 +19,14 @@ batch norm run :mod:`tfgrad.jax`'s ops (TF's bits on a single CPU device, see
 ``tfgrad.jax.use_impl``). With ``exact=True`` (the default) so does the rest of each Keras
 layer's computation, op for op as tf_keras runs it: Conv2D (``tf.nn.convolution``: the
 Conv2D op, then ``tf.nn.bias_add``), Dense (MatMul, BiasAdd), ReLU / ``relu`` (Relu),
-``ReLU(6.)`` / ``relu6`` (Relu6), GlobalAveragePooling2D (Mean over [1, 2]) and the 2-D
-batch norm's ``tf.nn.moments`` (Mean, SquaredDifference, Mean); ``exact=False`` runs those
-on ``jax.lax`` / ``jax.numpy``. Average pooling, softmax, dilated Conv2D, Dense on inputs of
-rank > 2 and the rest of the 2-D batch norm always run ``jax.numpy`` (see docs/qat.md for
-the distances). Around the ops, what remains is XLA's own arithmetic: elementwise adds
+``ReLU(6.)`` / ``relu6`` (Relu6), GlobalAveragePooling2D (Mean over [1, 2]), average and
+max pooling (AvgPool, MaxPool), softmax over the last axis (Softmax; its gradient TF's
+composite on Sum) and the 2-D batch norm (Mean, SquaredDifference, Rsqrt, and TF's eager
+tape for its gradient); ``exact=False`` runs those on ``jax.lax`` / ``jax.numpy``. Dilated
+Conv2D and Dense on inputs of rank > 2 always run ``jax.numpy`` (see docs/qat.md for the
+distances). Around the ops, what remains is XLA's own arithmetic: elementwise adds
 (Add layers, the sum of a tensor's gradients where it has several consumers), pads,
-concatenations, max pooling and the range arithmetic below. A whole jitted training step
+concatenations and the range arithmetic below. A whole jitted training step
 is TF's bit for bit when its loss gradient and update are TF's too
 (``tests/test_qat_exact_step.py``): tf_keras' SGD ``var + (-grad * lr)`` needs the product
 fenced as below, and ``jax.grad`` of :mod:`tfgrad.jax`'s SparseSoftmaxCrossEntropyWithLogits
@@ -62,6 +63,7 @@ and statistics (XLA partitions the reductions), like a single device.
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -235,10 +237,15 @@ def _same_pads(size: int, k: int, s: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def _pool(x: jax.Array, cfg: Mapping[str, Any], is_max: bool) -> jax.Array:
+def _pool(x: jax.Array, cfg: Mapping[str, Any], is_max: bool, exact: bool = False
+          ) -> jax.Array:
     k = _pair(cfg.get("pool_size", 2))
     s = _pair(cfg.get("strides") or k)
     window, strides = (1, *k, 1), (1, *s, 1)
+    if exact:  # TF's MaxPool / AvgPool (their gradients MaxPoolGrad / AvgPoolGrad)
+        attrs = dict(ksize=list(window), strides=list(strides),
+                     padding=str(cfg.get("padding", "valid")).upper())
+        return _raw.MaxPool(input=x, **attrs) if is_max else _raw.AvgPool(value=x, **attrs)
     if str(cfg.get("padding", "valid")).lower() == "same":
         pads = ((0, 0), _same_pads(x.shape[1], k[0], s[0]), _same_pads(x.shape[2], k[1], s[1]),
                 (0, 0))
@@ -282,6 +289,45 @@ def _mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
 
 # --- TF's ops for the rest of a Keras layer (the exact path) ---------------------------
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _keras_bn2d(x: jax.Array, gamma: jax.Array, beta: jax.Array, eps: float
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """tf_keras' BatchNormalization of a [N, C] batch in training (tf.nn.moments, then
+    tf.nn.batch_normalization) on TF's ops; its gradient TF's eager tape (as
+    tfgrad.torch.qat's): returns y and the batch mean and variance."""
+    return _keras_bn2d_fwd(x, gamma, beta, eps)[0]
+
+
+def _keras_bn2d_fwd(x: jax.Array, gamma: jax.Array, beta: jax.Array, eps: float
+                    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], tuple]:
+    mean = _raw.Mean(input=x, axis=[0], keep_dims=True)
+    var = _raw.Mean(input=_raw.SquaredDifference(x=x, y=mean), axis=[0], keep_dims=True)
+    m, v = mean.reshape(-1), var.reshape(-1)
+    r = _raw.Rsqrt(x=v + np.float32(eps))  # AddV2 of the float32 epsilon
+    inv = _times(r, gamma)
+    y = _times(x, inv) + (beta - _times(m, inv))
+    return (y, m, v), (x, gamma, mean, m, r, inv)
+
+
+def _keras_bn2d_bwd(eps: float, res: tuple, cts: tuple) -> tuple:
+    x, gamma, mean, m, r, inv = res
+    dy = cts[0]
+    n = np.float32(x.shape[0])
+    db = _raw.Sum(input=dy, axis=[0])
+    neg = -db
+    d_inv = _raw.Sum(input=_times(x, dy), axis=[0]) + _times(neg, m)  # AddN of two
+    dgamma = _times(d_inv, r)
+    dv = _raw.RsqrtGrad(y=r, dy=_times(d_inv, gamma))
+    dmean = _divide(jnp.broadcast_to(_times(neg, inv), x.shape), n)  # Tile, RealDiv
+    dsd = _divide(jnp.broadcast_to(dv, x.shape), n)
+    xg = _times(_times(np.float32(2), dsd), x - mean)
+    dx = (_times(dy, inv) + dmean) + xg  # AddN(3): (a + b) + c
+    return dx, dgamma, db
+
+
+_keras_bn2d.defvjp(_keras_bn2d_fwd, _keras_bn2d_bwd)
+
+
 def _tf_conv2d(x: jax.Array, k: jax.Array, s: tuple[int, int], padding: str) -> jax.Array:
     """tf.nn.convolution of tf_keras' Conv2D (no dilation): the Conv2D op, NHWC / HWIO."""
     return _raw.Conv2D(input=x, filter=k, strides=[1, s[0], s[1], 1],
@@ -292,11 +338,33 @@ def _tf_mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
     return _raw.Mean(input=x, axis=list(axes), keep_dims=keepdims)
 
 
+@jax.custom_vjp
+def _tf_softmax(x: jax.Array) -> jax.Array:
+    """tf.nn.softmax over the last axis: TF's Softmax op; its gradient TF's _SoftmaxGrad
+    composite, ``(g - Sum(g * y, -1, keepdims)) * y``, on TF's Sum, each product rounded."""
+    return _raw.Softmax(logits=x)
+
+
+def _tf_softmax_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    y = _raw.Softmax(logits=x)
+    return y, y
+
+
+def _tf_softmax_bwd(y: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+    s = _raw.Sum(input=_times(g, y), axis=[y.ndim - 1], keep_dims=True)
+    return (_times(g - s, y),)
+
+
+_tf_softmax.defvjp(_tf_softmax_fwd, _tf_softmax_bwd)
+
+
 def _tf_activate(x: jax.Array, name: str) -> jax.Array:
     if name == "relu":  # tf_keras' activations.relu: tf.nn.relu
         return _raw.Relu(features=x)
     if name == "relu6":
         return _raw.Relu6(features=x)
+    if name == "softmax":
+        return _tf_softmax(x)
     return _activate(x, name)
 
 
@@ -403,7 +471,7 @@ class _Run:
             (t, b), (lf, r) = _qat._plan._padding2d(cfg["padding"])
             y = jnp.pad(x, ((0, 0), (t, b), (lf, r), (0, 0)))
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
-            y = _pool(x, cfg, kind == "MaxPooling2D")
+            y = _pool(x, cfg, kind == "MaxPooling2D", self.exact)
         elif kind == "GlobalAveragePooling2D":
             y = self.mean(x, (1, 2), bool(cfg.get("keepdims", False)))
         elif kind == "Dropout":
@@ -413,7 +481,9 @@ class _Run:
         elif kind == "Reshape":
             y = x.reshape(x.shape[0], *[int(v) for v in cfg["target_shape"]])
         elif kind == "Softmax":
-            y = _softmax_axis(x, int(cfg.get("axis", -1)))
+            axis = int(cfg.get("axis", -1))
+            y = (_tf_softmax(x) if self.exact and axis % x.ndim == x.ndim - 1
+                 else _softmax_axis(x, axis))
         else:  # the plan refuses any other kind
             raise KerasFileError(f"layer {node.name!r}: {kind}")
         return self.quantize(node, node.output, y)
@@ -455,6 +525,18 @@ class _Run:
             return _fbn(x, gamma, beta, mean, var, epsilon=eps, data_format="NHWC",
                         is_training=False).y
         # rank 2: Keras' unfused path (tf.nn.moments, tf.nn.batch_normalization)
+        if self.exact:
+            if self.training:
+                y, bm, bv = _keras_bn2d(x, gamma, beta, float(eps))
+                um, uv = lax.stop_gradient(bm), lax.stop_gradient(bv)
+                if self.axis_name is not None:
+                    um, uv = lax.pmean((um, uv), self.axis_name)
+                decay = np.float32(1.0 - momentum)
+                new["moving_mean"] = mean - _times(mean - um, decay)
+                new["moving_variance"] = var - _times(var - uv, decay)
+                return y
+            inv = _times(_raw.Rsqrt(x=var + np.float32(eps)), gamma)
+            return _times(x, inv) + (beta - _times(mean, inv))
         if self.training:  # tf.nn.moments: Mean, SquaredDifference, Mean
             bm = self.mean(x, (0,), False)
             bv = self.mean(jnp.square(x - lax.stop_gradient(bm)), (0,), False)

@@ -8,9 +8,9 @@ range variables, batch norm's moving statistics and tfmot's ``optimizer_step`` a
 each quantizer updates its range before use, as tfmot does; ``module.eval()`` uses the
 stored ranges. With ``exact=True`` (the default) every layer's computation runs on
 tfgrad's operators (TF's bits on the CPU): fake quantization, depthwise convolution, batch
-norm, Conv2D, MatMul, BiasAdd, Relu/Relu6, Softmax (last axis) and Mean; average
-pooling, 2-D batch norm's rsqrt and what else tfgrad has no op for run torch's own
-(docs/qat.md: the distances).
+norm (fused, and the 2-D layer's moments, Rsqrt and TF's gradient tape), Conv2D, MatMul,
+BiasAdd, Relu/Relu6, Softmax (last axis), Mean, average and max pooling; the rest (pads,
+concatenations, adds, reshapes) is exact in any framework (docs/qat.md).
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ _relu = FUNCTIONS["relu"]
 _relu6 = FUNCTIONS["relu6"]
 _mean = FUNCTIONS["mean"]
 _softmax = FUNCTIONS["softmax"]  # (tf.nn.softmax over the last axis: TF's Softmax op)
+_sum = FUNCTIONS["sum"]
+_rsqrt = FUNCTIONS["rsqrt"]
+_rsqrt_grad = FUNCTIONS["rsqrt_grad"]
+_squared_difference = FUNCTIONS["squared_difference"]
+_avg_pool = FUNCTIONS["avg_pool"]
+_max_pool = FUNCTIONS["max_pool"]
 
 # float32(1 - 0.999), as assign_moving_average converts the Python float
 _EMA = torch.tensor(1.0 - 0.999, dtype=torch.float32)
@@ -228,7 +234,7 @@ class Layer(nn.Module):
             (t, b), (lf, r) = _qat._plan._padding2d(cfg["padding"])
             y = F.pad(x, (0, 0, lf, r, t, b))
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
-            y = _pool(x, cfg, kind == "MaxPooling2D")
+            y = _pool(x, cfg, kind == "MaxPooling2D", self.exact)
         elif kind == "GlobalAveragePooling2D":
             keep = bool(cfg.get("keepdims", False))
             y = _mean(x, [1, 2], keep) if self.exact else x.mean(dim=(1, 2), keepdim=keep)
@@ -288,10 +294,20 @@ class Layer(nn.Module):
             return _fbn(x, gamma, beta, self.moving_mean, self.moving_variance, epsilon=eps,
                         data_format="NHWC", is_training=False)[0]
         # rank 2: Keras' unfused path (tf.nn.moments, tf.nn.batch_normalization)
+        if self.training and self.exact:
+            y, mean, var = _KerasBN2D.apply(x, gamma, beta, eps)
+            with torch.no_grad():
+                decay = torch.tensor(1.0 - momentum, dtype=torch.float32)
+                self.moving_mean.sub_((self.moving_mean - mean) * decay)
+                self.moving_variance.sub_((self.moving_variance - var) * decay)
+            return y
+        if self.exact:  # inference: tf.nn.batch_normalization on the moving statistics
+            inv = _rsqrt(self.moving_variance + eps) * gamma
+            return x * inv + (beta - self.moving_mean * inv)
         if self.training:  # (tf.nn.moments: Mean, SquaredDifference, Mean)
-            mean = _mean(x, [0]) if self.exact else x.mean(0)
+            mean = x.mean(0)
             sq = (x - mean.detach()).square()
-            var = _mean(sq, [0]) if self.exact else sq.mean(0)
+            var = sq.mean(0)
             with torch.no_grad():
                 decay = torch.tensor(1.0 - momentum, dtype=torch.float32)
                 self.moving_mean.sub_((self.moving_mean - mean) * decay)
@@ -300,6 +316,41 @@ class Layer(nn.Module):
             mean, var = self.moving_mean, self.moving_variance
         inv = torch.rsqrt(var + eps) * gamma
         return x * inv + (beta - mean * inv)
+
+
+class _KerasBN2D(torch.autograd.Function):
+    """tf_keras' BatchNormalization of a [N, C] batch in training, as TF's ops compute it
+    (tf.nn.moments, then tf.nn.batch_normalization), and its gradient as TF's eager tape
+    runs it: the sums over the batch on TF's Sum, the tensor's three gradients added as
+    AddN adds them. (Under tf.function Grappler reorders dx's sum and multiplies by 1/N
+    where the tape divides by N: docs/qat.md.) Returns y and the batch mean and variance."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = x.shape[-1]
+        mean = _mean(x, [0], keep_dims=True)  # Mean
+        var = _mean(_squared_difference(x, mean), [0], keep_dims=True)  # SqDiff, Mean
+        m, v = mean.reshape(c), var.reshape(c)  # Squeeze
+        r = _rsqrt(v + eps)  # AddV2, Rsqrt
+        inv = r * gamma
+        ctx.save_for_backward(x, gamma, mean, m, r, inv)
+        return x * inv + (beta - m * inv), m, v
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+        x, gamma, mean, m, r, inv = ctx.saved_tensors
+        n = torch.tensor(float(x.shape[0]), dtype=torch.float32)
+        db = _sum(dy, [0])  # AddV2's gradient for beta - m * inv: Sum (+ Reshape)
+        neg = -db  # Sub's: Neg
+        dx = dy * inv  # Mul's for x
+        d_inv = _sum(x * dy, [0]) + neg * m  # Mul's, Sum; AddN of inv's two gradients
+        dgamma = d_inv * r
+        dv = _rsqrt_grad(r, d_inv * gamma)
+        dmean = (neg * inv).expand_as(x) / n  # Mean's gradient: Tile, RealDiv
+        dsd = dv.expand_as(x) / n
+        xg = (2 * dsd) * (x - mean)  # SquaredDifference's (the mean's stopped)
+        return (dx + dmean) + xg, dgamma, db, None  # AddN(3): (a + b) + c
 
 
 def _conv2d(x: torch.Tensor, k: torch.Tensor, s: tuple[int, int], d: tuple[int, int],
@@ -327,9 +378,12 @@ def _relu_layer(x: torch.Tensor, cfg: Any, exact: bool = False) -> torch.Tensor:
     return y if mx is None else torch.clamp(y, max=float(mx))
 
 
-def _pool(x: torch.Tensor, cfg: Any, is_max: bool) -> torch.Tensor:
+def _pool(x: torch.Tensor, cfg: Any, is_max: bool, exact: bool = False) -> torch.Tensor:
     k = _pair(cfg.get("pool_size", 2))
     s = _pair(cfg.get("strides") or k)
+    if exact:  # TF's MaxPool / AvgPool (and their gradients), NHWC as it is
+        pool = _max_pool if is_max else _avg_pool
+        return pool(x, [1, *k, 1], [1, *s, 1], str(cfg.get("padding", "valid")).upper())
     xc = x.permute(0, 3, 1, 2)
     if str(cfg.get("padding", "valid")).lower() == "same":
         t, b = _same_pads(x.shape[1], k[0], s[0], 1)

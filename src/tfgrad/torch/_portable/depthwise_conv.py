@@ -31,7 +31,6 @@ few times the output's.
 from __future__ import annotations
 
 import inspect
-
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
