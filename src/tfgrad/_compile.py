@@ -105,8 +105,8 @@ POLICY: dict[str, Threading] = {
     "bias_add": Threading(1 << 16),
     # </bias_add>
     # <matmul>
-    # multiply-adds; tiles of 4 rows x 32 columns are independent (measured: below ~4M
-    # multiply-adds waking the second thread costs more than it saves)
+    # multiply-adds; blocks of (K-shard, 64 rows, 256 columns) are independent (measured:
+    # below ~4M multiply-adds waking the second thread costs more than it saves)
     "matmul": Threading(1 << 22),
     # </matmul>
     # <conv2d>

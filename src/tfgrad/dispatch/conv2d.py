@@ -36,11 +36,16 @@ def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.n
     return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]))
 
 
+def _one_by_one(geo: Geometry) -> bool:
+    """A 1x1 filter at stride 1 without padding: each dx pixel is one row of col."""
+    return (geo.KH == geo.KW == geo.sh == geo.sw == 1 and geo.pt == geo.pl == 0
+            and (geo.OH, geo.OW) == (geo.H, geo.W))
+
+
 def _cols(x: np.ndarray, geo: Geometry) -> np.ndarray:
     """im2col of x [n, H, W, C]."""
     rows = x.shape[0] * geo.P
-    if (geo.KH == geo.KW == geo.sh == geo.sw == 1 and geo.pt == geo.pl == 0
-            and (geo.OH, geo.OW) == (geo.H, geo.W) and x.flags.c_contiguous):
+    if _one_by_one(geo) and x.flags.c_contiguous:
         return x.reshape(rows, geo.C)  # 1x1, stride 1: the input is its own patch matrix
     cols = np.empty((rows, geo.F), F32)
     launch(_FAMILY, k.im2col, rows * geo.F, np.ascontiguousarray(x), geo.KH, geo.KW, geo.OH,
@@ -60,10 +65,12 @@ def forward(x: np.ndarray, f: np.ndarray, geo: Geometry, p: Plan) -> np.ndarray:
 def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: str
                    ) -> np.ndarray:
     """``kind``: the direct sgemm's kernel ("nocopy", "smalln", "gemv") or "" (Eigen's
-    contraction with plan ``p``)."""
+    contraction with plan ``p``). A 1x1 stride-1 filter's Col2im (dx = 0 + col) is the
+    contraction's last step, written straight into dx."""
     W = np.ascontiguousarray(f).reshape(geo.F, geo.O)
     g = np.ascontiguousarray(g)
-    dx = np.zeros((geo.N, geo.H, geo.W, geo.C), F32)
+    one = _one_by_one(geo) and kind in ("", "nocopy")
+    dx = (np.empty if one else np.zeros)((geo.N, geo.H, geo.W, geo.C), F32)
     step = max(1, _CHUNK // max(1, geo.P * geo.F))
     if any(sh.gemv_m or sh.gemv_n for sh in p.shards) or (geo.P == 1 and kind == ""):
         step = 1  # the plan's one-wide edge blocks are per image: one image a contraction
@@ -71,6 +78,10 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
         for s in range(0, geo.N, step):
             e = min(geo.N, s + step)
             a = g[s:e].reshape((e - s) * geo.P, geo.O)
+            if one and a.shape[0] > 1:  # (one row: Eigen's GEMV, below)
+                mm.matmul(a, W, False, True, edge_plan(p, geo.F),
+                          out=dx[s:e].reshape(a.shape[0], geo.C))
+                continue
             if kind == "smalln":
                 col = np.empty((a.shape[0], geo.F), F32)
                 launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=geo.F)
@@ -80,22 +91,12 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
                     km.gemv_t(W, np.ascontiguousarray(a[i]), col[i], 0, geo.O)
             else:
                 col = _contract(a, W, False, True, p)
+            if one:
+                dx[s:e] = 0.0
             launch(_FAMILY, k.col2im, (e - s) * geo.P * geo.F, np.ascontiguousarray(col),
                    geo.KH, geo.KW, geo.OH, geo.OW, geo.sh, geo.sw, geo.pt, geo.pl, dx[s:e],
                    units=e - s)
     return dx
-
-
-def _cols_t(x: np.ndarray, geo: Geometry, rows_out: int) -> np.ndarray:
-    """im2col(x)^T [rows_out >= F, n*OH*OW] (rows past F zero), built transposed: the
-    contraction's A^T without a strided copy."""
-    rows = x.shape[0] * geo.P
-    colsT = np.empty((rows_out, rows), F32)
-    colsT[geo.F:] = 0.0
-    launch(_FAMILY, k.im2col_t, rows * geo.F, np.ascontiguousarray(x), geo.KH, geo.KW,
-           geo.OH, geo.OW, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, colsT,
-           units=geo.F)
-    return colsT
 
 
 def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry,
@@ -106,13 +107,8 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry,
     dw = np.zeros((geo.F, geo.O), F32)
     with flush_denormals():
         for s, e, p in shards:
-            rows = (e - s) * geo.P
-            B = g[s:e].reshape(rows, geo.O)
-            if geo.F == 1 or any(sh.gemv_n for sh in p.shards):
-                # (edge blocks read TF's last row of A^T: no padding rows)
-                S = _contract(_cols_t(x[s:e], geo, geo.F), B, False, False, p)
-            else:  # A^T padded to the matmul kernel's 4-row tiles, so that it is not copied
-                AT = _cols_t(x[s:e], geo, -(-geo.F // 4) * 4)
-                S = mm.matmul(AT, B, False, False, edge_plan(p, geo.O))[:geo.F]
-            dw += S  # TF's C += contraction: one float32 add per shard (FTZ)
+            B = g[s:e].reshape((e - s) * geo.P, geo.O)
+            # A^T = im2col(x)^T read in place, transposed (a 1x1 stride-1 filter's im2col
+            # is x itself); TF's C += contraction: one float32 add per shard (FTZ)
+            dw += _contract(_cols(x[s:e], geo), B, True, False, p)
     return dw

@@ -1,9 +1,12 @@
 """MatMul on the compiled contraction (``tfgrad.kernels.matmul``): A read in place
-(transposed or not), B copied to rows of a multiple of 16 columns where it is not already,
-one kernel launch per K-shard of TF's plan, Eigen's one-wide edge blocks recomputed in
-oneDNN's GEMV order, the shards combined in Eigen's order."""
+(transposed or not), B copied to rows of a multiple of 8 columns where it is not already,
+one kernel launch for all the K-shards of TF's plan (each its own [M, N] buffer), Eigen's
+one-wide edge blocks recomputed in oneDNN's GEMV order, the shards combined in Eigen's
+order."""
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -12,6 +15,7 @@ from .._tf.contraction import Plan, combine
 from .._tf.fpenv import flush_denormals
 from .._tf.onednn import edges
 from ..kernels import matmul as k
+from ..kernels._simd import stream_output
 
 F32 = np.float32
 _FAMILY = "matmul"
@@ -26,25 +30,52 @@ def _padded(x: np.ndarray, cols: int) -> np.ndarray:
     return out
 
 
-def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.ndarray:
-    """The contraction path (min(M, K, N) > 1) with TF's plan ``p``."""
+@lru_cache(maxsize=256)
+def _ranges(p: Plan) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The kernel's view of a plan: every shard's k-ranges in one [R, 2] array, where
+    each shard's start ([S + 1]), and whether any shard has one-wide edge blocks."""
+    ranges = np.array([r for sh in p.shards for r in sh.ranges], np.int64).reshape(-1, 2)
+    ptr = np.cumsum([0] + [len(sh.ranges) for sh in p.shards]).astype(np.int64)
+    ranges.flags.writeable = False
+    ptr.flags.writeable = False
+    return ranges, ptr, any(sh.gemv_m or sh.gemv_n for sh in p.shards)
+
+
+def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """The contraction path (min(M, K, N) > 1) with TF's plan ``p``. With ``out``
+    (C-contiguous [M, N] float32) the result is ``0 + C`` in ``out`` (Col2im of a 1x1,
+    stride-1 conv: a zeroed dx plus the contraction, -0 made +0)."""
     A = a.T if ta else a  # read in place, any strides
     K = A.shape[1]
     M, N = A.shape[0], (b.shape[0] if tb else b.shape[1])
-    Mp, Np = -(-M // 4) * 4, -(-N // 16) * 16
-    B = _padded(b.T if tb else b, Np).reshape(-1)
-    work = M * N * K
-    units = (Mp // 4) * -(-Np // 32)
+    Nb = -(-N // 8) * 8
+    B = _padded(b.T if tb else b, Nb).reshape(-1)
+    S = len(p.shards)
+    ranges, ptr, edge = _ranges(p)
+    direct = out is not None and S == 1 and not edge  # "+ 0" in the kernel's last add
+    stream = False
+    if direct:
+        C = out.reshape(1, M, N)
+    elif S == 1 and not edge:  # a large output: written past the caches (no read for
+        C, stream = stream_output((1, M, N), F32)  # ownership), when its rows are lines
+    else:
+        C = np.empty((S, M, N), F32)
+    units = S * -(-M // k.ROWS) * -(-Nb // k.COLS)
+    # (the kernel sets FTZ / DAZ itself: DAZ reads denormal inputs as 0)
+    launch(_FAMILY, k.contract, M * N * K, A, B, Nb, N, ranges, ptr, direct, stream,
+           C.reshape(-1),
+           units=units)
     bufs = []
-    for sh in p.shards:
-        r = np.array(sh.ranges, np.int64).reshape(-1, 2)
-        C = np.empty((Mp, Np), F32)
-        # (the kernel sets FTZ / DAZ itself: DAZ reads denormal inputs as 0)
-        launch(_FAMILY, k.contract, work, A, B, Np, r, C.reshape(-1), units=units)
-        c = C if (Mp, Np) == (M, N) else np.ascontiguousarray(C[:M, :N])
+    for s, sh in enumerate(p.shards):
+        c = C[s]
         if sh.gemv_m or sh.gemv_n:  # Eigen's one-wide edge blocks: oneDNN's GEMVs
             with flush_denormals():
-                edges(A, B.reshape(K, Np)[:, :N], sh.blocks, sh.gemv_m, sh.gemv_n, c)
+                edges(A, B.reshape(K, Nb)[:, :N], sh.blocks, sh.gemv_m, sh.gemv_n, c)
         bufs.append(c.reshape(-1))
-    out = bufs[0] if len(bufs) == 1 else combine(bufs)
-    return out.reshape(M, N)
+    res = (bufs[0] if S == 1 else combine(bufs)).reshape(M, N)
+    if out is not None and not direct:
+        with flush_denormals():
+            np.add(res, F32(0.0), out=out)  # (+0 added: -0 becomes +0)
+        return out
+    return res

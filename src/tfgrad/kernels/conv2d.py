@@ -11,8 +11,8 @@ from numba import prange
 
 from .._compile import Twins
 from .._tf.mxcsr import ftz_enter, ftz_exit
-from ._simd import vload, vstore, vzeros
-from .matmul import fma32, vfma
+from ._simd import vload, vload_part, vstore, vstore_part, vzeros
+from .matmul import fma32, vadd, vfma
 
 
 def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
@@ -52,46 +52,42 @@ def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no
                         k += C
 
 
-def _im2col_t(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, colsT):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
-    """colsT [KH*KW*C (+ zero rows), n*OH*OW]: im2col transposed (BackpropFilter's
-    A^T), one task per row (filter tap and channel), written contiguously."""
-    n, H, W, C = x.shape
-    F = KH * KW * C
-    for f in prange(F):
-        kh = f // (KW * C)
-        kw = (f // C) % KW
-        ch = f % C
-        for b in range(n):
-            for i in range(OH):
-                r = i * sh - pt + kh * dh
-                p = (b * OH + i) * OW
-                if r < 0 or r >= H:
-                    for j in range(OW):
-                        colsT[f, p + j] = np.float32(0.0)
-                    continue
-                for j in range(OW):
-                    c = j * sw - pl + kw * dw
-                    colsT[f, p + j] = x[b, r, c, ch] if 0 <= c < W else np.float32(0.0)
-
-
 def _col2im(col, KH, KW, OH, OW, sh, sw, pt, pl, dx):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
     """dx [n, H, W, C] (zeroed) += col [n*OH*OW, KH*KW*C], each image in
-    TF's Col2im order; images are independent (one per iteration)."""
+    TF's Col2im order; images are independent (one per iteration). A filter row inside
+    the image is one run of KW*C adds into distinct values of dx (so in any order)."""
     n, H, W, C = dx.shape
+    F = col.shape[1]
+    run = KW * C
+    colf = col.reshape(-1)
+    dxf = dx.reshape(-1)
     for b in prange(n):
         fz = ftz_enter()
         for i in range(OH):
             for j in range(OW):
-                p = (b * OH + i) * OW + j
-                k = 0
+                p = ((b * OH + i) * OW + j) * F
+                c0 = j * sw - pl
+                inside = c0 >= 0 and c0 + KW <= W
                 for kh in range(KH):
                     r = i * sh - pt + kh
-                    for kw in range(KW):
-                        c = j * sw - pl + kw
-                        if 0 <= r < H and 0 <= c < W:
-                            for ch in range(C):
-                                dx[b, r, c, ch] += col[p, k + ch]
-                        k += C
+                    if r < 0 or r >= H:
+                        continue
+                    k = p + kh * run
+                    if inside:
+                        base = ((b * H + r) * W + c0) * C
+                        if run <= 16:  # one masked vector add (distinct values of dx)
+                            vstore_part(dxf, base, vadd(vload_part(dxf, base, run),
+                                                        vload_part(colf, k, run)), run)
+                        else:
+                            for q in range(run):
+                                dxf[base + q] += colf[k + q]
+                    else:
+                        for kw in range(KW):
+                            c = c0 + kw
+                            if 0 <= c < W:
+                                base = ((b * H + r) * W + c) * C
+                                for ch in range(C):
+                                    dxf[base + ch] += colf[k + kw * C + ch]
         ftz_exit(fz)
 
 
@@ -126,5 +122,4 @@ def _smalln(A, B, C):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 smalln = Twins(_smalln)
 im2col = Twins(_im2col)
-im2col_t = Twins(_im2col_t)
 col2im = Twins(_col2im)

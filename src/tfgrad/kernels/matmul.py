@@ -1,12 +1,13 @@
 """The contraction kernel: per output, FMA chains from +0 over k-ranges, added in order
 (``tfgrad._tf.contraction``), as oneDNN's AVX-512 sgemm runs each of Eigen's blocks.
 
-Register-blocked: a tile of 4 rows x 32 columns keeps 8 FMA accumulators and 8 running
-sums in vector registers over all of its k-ranges; every FMA is ``llvm.fma`` (one
-rounding, as ``vfmadd231ps``), every sum one float32 add. The rows' values are broadcast,
-B's rows loaded as vectors. A is read in place (a transposed view too); callers pad B
-to a multiple of 16 columns and give C a multiple of 4 rows (the extra outputs are
-dropped).
+Register-blocked: a tile of 4 rows x 32 (24, 16, 8) columns keeps its FMA accumulators in
+vector registers over one k-range; every FMA is ``llvm.fma`` (one rounding, as
+``vfmadd231ps``), every running sum one float32 add, kept in C between the k-ranges
+(a float32 store and load change nothing). The rows' values are broadcast, B's rows
+loaded as vectors. A is read in place (a transposed view too); callers pad B to a
+multiple of 8 columns with zeros; C is written exactly [M, N] (masked stores at the
+right edge, no rows past M).
 """
 
 from __future__ import annotations
@@ -17,9 +18,23 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._compile import Twins, jit
+from .._compile import Twins, inline, jit
 from .._tf.mxcsr import ftz_enter, ftz_exit
-from ._simd import _VEC, Vec, _llvm_type, _pointer, _splat, vload, vstore, vzeros
+from ._simd import (
+    _VEC,
+    Vec,
+    _first_lanes,
+    _llvm_type,
+    _masked,
+    _pointer,
+    _splat,
+    vload,
+    vload_part,
+    vstore,
+    vstore_nt,
+    vstore_part,
+    vzeros,
+)
 
 _V = _VEC[types.float32]
 
@@ -83,14 +98,14 @@ def vlanes8(typingctx, v):  # type: ignore[no-untyped-def]
 
 @intrinsic
 def vadd(typingctx, a, b):  # type: ignore[no-untyped-def]
-    """a + b lane by lane (one float32 rounding each)."""
-    if not (a == _V and b == _V):
+    """a + b lane by lane, 16 or 8 lanes (one float32 rounding each)."""
+    if not (a == b and a in (_V, _V8)):
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
         return builder.fadd(args[0], args[1])
 
-    return _V(a, b), codegen
+    return a(a, b), codegen
 
 
 @intrinsic
@@ -108,75 +123,247 @@ def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
     return types.float32(a, b, c), codegen
 
 
-def _contract(A, B, N, ranges, C):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """C[Mp, N] (flat; Mp = M rounded up to 4) = the plan's sums of A[M, K] (any strides)
-    x B (flat, [K, N], N % 16 == 0); ``ranges`` [r, 2]: the k-ranges of each FMA chain in
-    order. Rows past M repeat row M - 1 (their outputs are dropped)."""
+@intrinsic
+def aload(typingctx, arr, i, k):  # type: ignore[no-untyped-def]
+    """arr[i, k] of a two-dimensional float32 array of any strides, the indices taken as
+    they are (no negative-index wraparound: callers pass 0 <= i, k < shape)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 2
+            and isinstance(i, types.Integer) and isinstance(k, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        aty = sig.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        inds = [context.cast(builder, args[1], sig.args[1], types.intp),
+                context.cast(builder, args[2], sig.args[2], types.intp)]
+        ptr = cgutils.get_item_pointer2(
+            context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+            strides=cgutils.unpack_tuple(builder, ary.strides), layout=aty.layout,
+            inds=inds, wraparound=False, boundscheck=False)
+        return builder.load(ptr)
+
+    return types.float32(arr, i, k), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i, k):  # type: ignore[no-untyped-def]
+    """Prefetch the cache line of arr[i, k] (``llvm.prefetch``: a hint, no fault, no
+    effect on any value)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2
+            and isinstance(i, types.Integer) and isinstance(k, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        aty = sig.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        inds = [context.cast(builder, args[1], sig.args[1], types.intp),
+                context.cast(builder, args[2], sig.args[2], types.intp)]
+        ptr = cgutils.get_item_pointer2(
+            context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+            strides=cgutils.unpack_tuple(builder, ary.strides), layout=aty.layout,
+            inds=inds, wraparound=False, boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, i, k), codegen
+
+
+@intrinsic
+def vload8_part(typingctx, arr, i, n):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + n] in the first n lanes of eight (0 < n <= 8), +0 in the others;
+    nothing past i + n is read."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32
+            and isinstance(i, types.Integer) and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        lt = _llvm_type(_V8)
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], _V8)
+        mask = _first_lanes(builder, 8, context.cast(builder, args[2], sig.args[2],
+                                                     types.int64))
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(lt, [ptr.type, ir.IntType(32), mask.type, lt]),
+            _masked(_V8, "load"))
+        return builder.call(fn, [ptr, ir.IntType(32)(4), mask, ir.Constant(lt, [0.0] * 8)])
+
+    return _V8(arr, i, n), codegen
+
+
+@intrinsic
+def vstore8_part(typingctx, arr, i, v, n):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + n] = the first n of v's eight lanes (a masked store)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and v == _V8
+            and isinstance(i, types.Integer) and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        lt = _llvm_type(_V8)
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], _V8)
+        mask = _first_lanes(builder, 8, context.cast(builder, args[3], sig.args[3],
+                                                     types.int64))
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [lt, ptr.type, ir.IntType(32), mask.type]),
+            _masked(_V8, "store"))
+        builder.call(fn, [args[2], ptr, ir.IntType(32)(4), mask])
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v, n), codegen
+
+
+@inline(force=True)
+def _put(C, off, acc, n, first, plus0, nt):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """C.flat[off:off + min(n, 16)] = (+0 if first else C's values) + acc: one float32
+    add per output (the running sum over the k-ranges), then + 0 when ``plus0`` (Col2im's
+    add into a zeroed dx: -0 becomes +0); nothing when n <= 0. ``nt``: a whole vector
+    is stored past the caches (C.flat[off] on a 64-byte line)."""
+    if n >= 16:
+        c = vadd(vzeros(C) if first else vload(C, off), acc)
+        if nt:
+            vstore_nt(C, off, vadd(c, vzeros(C)) if plus0 else c)
+        else:
+            vstore(C, off, vadd(c, vzeros(C)) if plus0 else c)
+    elif n > 0:
+        c = vadd(vzeros(C) if first else vload_part(C, off, n), acc)
+        vstore_part(C, off, vadd(c, vzeros(C)) if plus0 else c, n)
+
+
+@inline(force=True)
+def _put8(C, off, acc, n, first, plus0):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """_put for eight lanes."""
+    if n > 0:
+        m = min(n, 8)
+        c = vadd(vzeros8() if first else vload8_part(C, off, m), acc)
+        vstore8_part(C, off, vadd(c, vzeros8()) if plus0 else c, m)
+
+
+@inline(force=True)
+def _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, plus0, nt, W):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """One tile: rows i..i+3 (i1..i3 clamped to M - 1), columns j..j+W of B (W one of
+    32, 24, 16, 8: a compile-time constant at each call), one FMA chain from +0 per
+    output over k in [k0, k1), added to C's running sums (from +0 when ``first``);
+    stores only inside C [M, N] (at C.flat[cb:])."""
+    z = vzeros(B)
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = z
+    h = vzeros8()
+    h0 = h1 = h2 = h3 = h
+    b0 = b1 = z
+    b8 = h
+    for k in range(k0, k1):
+        x0 = aload(A, i, k)
+        x1 = aload(A, i1, k)
+        x2 = aload(A, i2, k)
+        x3 = aload(A, i3, k)
+        o = k * Nb + j
+        if W >= 16:
+            b0 = vload(B, o)
+            a00 = vfma(x0, b0, a00)
+            a10 = vfma(x1, b0, a10)
+            a20 = vfma(x2, b0, a20)
+            a30 = vfma(x3, b0, a30)
+        if W == 32:
+            b1 = vload(B, o + 16)
+            a01 = vfma(x0, b1, a01)
+            a11 = vfma(x1, b1, a11)
+            a21 = vfma(x2, b1, a21)
+            a31 = vfma(x3, b1, a31)
+        if W == 8 or W == 24:
+            b8 = vload8(B, o + W - 8)
+            h0 = vfma(x0, b8, h0)
+            h1 = vfma(x1, b8, h1)
+            h2 = vfma(x2, b8, h2)
+            h3 = vfma(x3, b8, h3)
+    n = N - j  # columns of C left from j
+    o0 = cb + i * N + j
+    rows = M - i
+    if W >= 16:
+        _put(C, o0, a00, n, first, plus0, nt)
+        if rows > 1:
+            _put(C, o0 + N, a10, n, first, plus0, nt)
+        if rows > 2:
+            _put(C, o0 + 2 * N, a20, n, first, plus0, nt)
+        if rows > 3:
+            _put(C, o0 + 3 * N, a30, n, first, plus0, nt)
+    if W == 32:
+        _put(C, o0 + 16, a01, n - 16, first, plus0, nt)
+        if rows > 1:
+            _put(C, o0 + N + 16, a11, n - 16, first, plus0, nt)
+        if rows > 2:
+            _put(C, o0 + 2 * N + 16, a21, n - 16, first, plus0, nt)
+        if rows > 3:
+            _put(C, o0 + 3 * N + 16, a31, n - 16, first, plus0, nt)
+    if W == 8 or W == 24:
+        e = W - 8
+        _put8(C, o0 + e, h0, n - e, first, plus0)
+        if rows > 1:
+            _put8(C, o0 + N + e, h1, n - e, first, plus0)
+        if rows > 2:
+            _put8(C, o0 + 2 * N + e, h2, n - e, first, plus0)
+        if rows > 3:
+            _put8(C, o0 + 3 * N + e, h3, n - e, first, plus0)
+
+
+ROWS = 64
+"""Rows of A (and C) per task."""
+COLS = 256
+"""Columns of B (and C) per task."""
+
+
+def _contract(A, B, Nb, N, ranges, shard_ptr, plus0, stream, C):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """C [S, M, N] (flat) = each K-shard's sums of A[M, K] (any strides) x B (flat,
+    [K, Nb], Nb % 8 == 0, zeros past column N): shard s's k-ranges are
+    ``ranges[shard_ptr[s]:shard_ptr[s + 1]]``, one FMA chain from +0 per output over
+    each, the chains added in order to +0; then + 0 when ``plus0`` (TF's Col2im of a
+    1x1, stride-1 Conv2DBackpropInput: a zeroed dx plus the contraction). ``stream``:
+    the final sums are written with non-temporal stores (C on a 64-byte line, N % 16 == 0).
+
+    Tasks: (shard, block of ``ROWS`` rows, block of ``COLS`` columns); within a task the
+    k-ranges are the outer loop (each B block read from memory once), the running sums
+    kept in C between them, tiles of 4 rows x 32 (24, 16, 8) columns inside."""
     M = A.shape[0]
-    nv = N // 16
-    tiles_j = (nv + 1) // 2
-    tiles = ((M + 3) // 4) * tiles_j
-    nr = ranges.shape[0]
-    for t in prange(tiles):
+    S = shard_ptr.shape[0] - 1
+    nib = (M + ROWS - 1) // ROWS
+    njb = (Nb + COLS - 1) // COLS
+    rows_k = A.strides[1] == 4  # A's rows contiguous: 16 values a cache line
+    for t in prange(S * nib * njb):
         fz = ftz_enter()
-        i = (t // tiles_j) * 4
-        j = (t % tiles_j) * 32
-        i1 = min(i + 1, M - 1)
-        i2 = min(i + 2, M - 1)
-        i3 = min(i + 3, M - 1)
-        if j + 32 <= N:  # two vectors of columns
-            c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = vzeros(B)
-            for r in range(nr):
-                a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = vzeros(B)
-                for k in range(ranges[r, 0], ranges[r, 1]):
-                    b0 = vload(B, k * N + j)
-                    b1 = vload(B, k * N + j + 16)
-                    x = A[i, k]
-                    a00 = vfma(x, b0, a00)
-                    a01 = vfma(x, b1, a01)
-                    x = A[i1, k]
-                    a10 = vfma(x, b0, a10)
-                    a11 = vfma(x, b1, a11)
-                    x = A[i2, k]
-                    a20 = vfma(x, b0, a20)
-                    a21 = vfma(x, b1, a21)
-                    x = A[i3, k]
-                    a30 = vfma(x, b0, a30)
-                    a31 = vfma(x, b1, a31)
-                c00 = vadd(c00, a00)
-                c01 = vadd(c01, a01)
-                c10 = vadd(c10, a10)
-                c11 = vadd(c11, a11)
-                c20 = vadd(c20, a20)
-                c21 = vadd(c21, a21)
-                c30 = vadd(c30, a30)
-                c31 = vadd(c31, a31)
-            vstore(C, i * N + j, c00)
-            vstore(C, i * N + j + 16, c01)
-            vstore(C, (i + 1) * N + j, c10)
-            vstore(C, (i + 1) * N + j + 16, c11)
-            vstore(C, (i + 2) * N + j, c20)
-            vstore(C, (i + 2) * N + j + 16, c21)
-            vstore(C, (i + 3) * N + j, c30)
-            vstore(C, (i + 3) * N + j + 16, c31)
-        else:  # the last single vector of columns
-            c0 = c1 = c2 = c3 = vzeros(B)
-            for r in range(nr):
-                a0 = a1 = a2 = a3 = vzeros(B)
-                for k in range(ranges[r, 0], ranges[r, 1]):
-                    b0 = vload(B, k * N + j)
-                    a0 = vfma(A[i, k], b0, a0)
-                    a1 = vfma(A[i1, k], b0, a1)
-                    a2 = vfma(A[i2, k], b0, a2)
-                    a3 = vfma(A[i3, k], b0, a3)
-                c0 = vadd(c0, a0)
-                c1 = vadd(c1, a1)
-                c2 = vadd(c2, a2)
-                c3 = vadd(c3, a3)
-            vstore(C, i * N + j, c0)
-            vstore(C, (i + 1) * N + j, c1)
-            vstore(C, (i + 2) * N + j, c2)
-            vstore(C, (i + 3) * N + j, c3)
+        s = t // (nib * njb)
+        ib = ((t // njb) % nib) * ROWS
+        jb = (t % njb) * COLS
+        ie = min(M, ib + ROWS)
+        je = min(Nb, jb + COLS)
+        cb = s * M * N
+        for r in range(shard_ptr[s], shard_ptr[s + 1]):
+            first = r == shard_ptr[s]
+            last = plus0 and r == shard_ptr[s + 1] - 1
+            nt = stream and r == shard_ptr[s + 1] - 1
+            k0 = ranges[r, 0]
+            k1 = ranges[r, 1]
+            for i in range(ib, ie, 4):
+                i1 = min(i + 1, M - 1)
+                i2 = min(i + 2, M - 1)
+                i3 = min(i + 3, M - 1)
+                if rows_k:  # rows two tiles ahead on their way to the cache (a hint)
+                    for q in range(i + 8, min(i + 12, M)):
+                        for k in range(k0, k1, 16):
+                            prefetch(A, q, k)
+                        prefetch(A, q, k1 - 1)
+                j = jb
+                while j + 32 <= je:
+                    _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, last, nt, 32)
+                    j += 32
+                rem = je - j
+                if rem == 24:
+                    _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, last, nt, 24)
+                elif rem == 16:
+                    _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, last, nt, 16)
+                elif rem == 8:
+                    _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, last, nt, 8)
         ftz_exit(fz)
 
 
