@@ -49,14 +49,27 @@ def tf_intra_op_threads() -> int:
     number of CPUs this process may run on (TF's default). tfgrad's own results never depend
     on its own thread count.
     """
-    for var in ("TFGRAD_TF_INTRA_OP_THREADS", "TF_NUM_INTRAOP_THREADS"):
-        v = os.environ.get(var, "")
-        if v.strip().isdigit() and int(v) > 0:
-            return int(v)
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    env = _ENV if _ENV is not None else os.environ
+    for var in _THREAD_VARS:
+        v = env.get(var)
+        if v is not None:
+            v = v.decode() if type(v) is bytes else v
+            if v.strip().isdigit() and int(v) > 0:
+                return int(v)
+    global _SCHEDULABLE
+    if _SCHEDULABLE is None:  # (read once, as TF sizes its pool once; a syscall a call)
+        try:
+            _SCHEDULABLE = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _SCHEDULABLE = os.cpu_count() or 1
+    return _SCHEDULABLE
+
+
+_SCHEDULABLE: int | None = None
+# os.environ's own dict (kept current by os.environ), read without its per-key encoding
+_ENV = getattr(os.environ, "_data", None)
+_THREAD_VARS = tuple(os.environ.encodekey(v) if _ENV is not None else v  # type: ignore[attr-defined]
+                     for v in ("TFGRAD_TF_INTRA_OP_THREADS", "TF_NUM_INTRAOP_THREADS"))
 
 
 def cpu_name() -> str:

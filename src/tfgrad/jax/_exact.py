@@ -60,7 +60,45 @@ def function(op_name: str, names: Sequence[str], static: dict[str, Any],
             return tuple(np.stack([p[k] for p in per]).reshape(lead + s)
                          for k, s in enumerate(shapes))
 
+        callback._tfgrad_host = True  # type: ignore[attr-defined]  # (see _lean_lowering)
         return list(jax.pure_callback(callback, result, *operands,
                                       vmap_method="expand_dims"))
 
     return apply
+
+
+def _install_lean_lowering() -> bool:
+    """Lower tfgrad's callbacks without what ``jax.pure_callback``'s implementation adds
+    around them on the host: a ``device_put`` of every operand onto the CPU device (the
+    callback then reads the arrays back) and a default-device context, ~40-60 us a call,
+    more than a small op's kernel. XLA hands the host callback NumPy arrays; tfgrad's ops
+    take those as they are. Every other ``pure_callback`` keeps JAX's own lowering; on a
+    JAX without these internals, tfgrad's do too."""
+    try:
+        from jax._src import callback as cb
+        from jax._src.interpreters import mlir
+
+        original = mlir._lowerings[cb.pure_callback_p].rule
+        emit, op_sharding = cb.emit_python_callback, cb._callback_op_sharding
+    except (ImportError, AttributeError, KeyError):
+        return False
+
+    def lowering(ctx: Any, *args: Any, callback: Any, sharding: Any, **params: Any) -> Any:
+        if not getattr(getattr(callback, "callback_func", None), "_tfgrad_host", False):
+            return original(ctx, *args, callback=callback, sharding=sharding, **params)
+
+        def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+            return tuple(callback(*arrays))
+
+        result, _, _ = emit(
+            ctx, host, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=False,
+            returns_token=False,
+            sharding=op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out))
+        return result
+
+    mlir.register_lowering(cb.pure_callback_p, lowering, cacheable=False)
+    return True
+
+
+LEAN_LOWERING = _install_lean_lowering()
+"""Whether tfgrad's callbacks are lowered without JAX's host-side device_put."""

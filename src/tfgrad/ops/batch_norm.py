@@ -12,6 +12,7 @@ kernels run through ``tfgrad.dispatch.batch_norm``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -200,6 +201,21 @@ _FORWARD_ARGS = ("x", "scale", "offset", "mean", "variance", "exponential_avg_fa
 _GRAD_ARGS = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", "data_format")
 
 
+def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    """``check``, then the rest of the op as a function of the arguments (``tfgrad._api``
+    keeps it per signature)."""
+    check(op, args)
+    eps, fmt, training = args["epsilon"], args["data_format"], args["is_training"]
+    if "Grad" in op:
+        return lambda a: _grad_checked(a["y_backprop"], a["x"], a["scale"],
+                                       a["reserve_space_1"], a["reserve_space_2"], eps, fmt,
+                                       training)
+    version = 3 if op.endswith("V3") else 2 if op.endswith("V2") else 1
+    factor = args["exponential_avg_factor"]
+    return lambda a: _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
+                                      a["variance"], eps, factor, fmt, training)
+
+
 def _check_forward(op: str, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
                    mean: np.ndarray, variance: np.ndarray, exponential_avg_factor: float,
                    data_format: str, is_training: bool) -> None:
@@ -226,6 +242,14 @@ def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np
              is_training: bool) -> tuple[np.ndarray, ...]:
     _check_forward(op, x, scale, offset, mean, variance, exponential_avg_factor, data_format,
                    is_training)
+    return _forward_checked(version, x, scale, offset, mean, variance, epsilon,
+                            exponential_avg_factor, data_format, is_training)
+
+
+def _forward_checked(version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
+                     mean: np.ndarray, variance: np.ndarray, epsilon: float,
+                     exponential_avg_factor: float, data_format: str,
+                     is_training: bool) -> tuple[np.ndarray, ...]:
     channel_last = _CHANNEL_LAST[data_format]
     c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)
@@ -304,6 +328,13 @@ def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
           reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
           data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
     _check_grad(op, y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format)
+    return _grad_checked(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
+                         data_format, is_training)
+
+
+def _grad_checked(y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
+                  reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
+                  data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
     channel_last = _CHANNEL_LAST[data_format]
     c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)

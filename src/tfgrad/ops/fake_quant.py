@@ -85,15 +85,25 @@ class Nudged:
 def nudge(mn: np.ndarray, mx: np.ndarray, num_bits: int, narrow_range: bool) -> Nudged:
     """TF's ``Nudge`` (float32, FTZ) on arrays of min/max values.
 
-    The reference's is cached on the values (the same ranges come back call after call;
-    its arrays are read-only since calls share them); the kernels' is compiled, as a QAT
-    step's ranges change every step.
+    Cached on the values: the same ranges come back call after call (a QAT step's
+    forward and gradient; an inference run). The reference's arrays are read-only since
+    calls share them; the kernels' (compiled) stay writable, as Numba compiles read-only
+    arrays apart, and nothing writes to them.
     """
     mn = np.asarray(mn, F32)
     mx = np.asarray(mx, F32)
     if not _config.use_reference():
-        return Nudged(*_dispatch().nudge(mn, mx, num_bits, narrow_range))
+        key = (mn.tobytes(), mx.tobytes(), mn.shape, num_bits, narrow_range)
+        p = _NUDGED.get(key)
+        if p is None:
+            if len(_NUDGED) >= 256:
+                _NUDGED.clear()
+            p = _NUDGED[key] = Nudged(*_dispatch().nudge(mn, mx, num_bits, narrow_range))
+        return p
     return _nudge_cached(mn.tobytes(), mx.tobytes(), mn.shape, num_bits, narrow_range)
+
+
+_NUDGED: dict[tuple, Nudged] = {}
 
 
 @lru_cache(maxsize=256)

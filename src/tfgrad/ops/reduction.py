@@ -256,8 +256,20 @@ def check(op: str, args: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {"output": plan.out_shape}
 
 
+def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], np.ndarray]:
+    """``check``, then the rest as a function of the arguments: the plan follows from the
+    shape and the axes' values, both in ``tfgrad._api``'s signature."""
+    plan = make_plan(op, tuple(args["input"].shape), _axes(args["axis"]),
+                     bool(args["keep_dims"]))
+    mean = op == "Mean"
+    return lambda a: _run(a["input"], plan, mean)
+
+
 def _reduce(op: str, x: np.ndarray, axis: Any, keep_dims: bool, mean: bool) -> np.ndarray:
-    plan = make_plan(op, tuple(x.shape), _axes(axis), bool(keep_dims))
+    return _run(x, make_plan(op, tuple(x.shape), _axes(axis), bool(keep_dims)), mean)
+
+
+def _run(x: np.ndarray, plan: Plan, mean: bool) -> np.ndarray:
     if _config.use_reference():
         return _finish(x, plan, mean, lambda: reference_sum(x, plan))
     return _finish(x, plan, mean,

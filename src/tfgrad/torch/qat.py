@@ -57,16 +57,33 @@ def _key(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
+def _distributed() -> bool:
+    """Whether this process is one of several torch.distributed replicas."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _replica_mean(v: torch.Tensor) -> torch.Tensor:
     """The mean over data-parallel replicas, as tf.distribute's MirroredStrategy reduces
     the moving averages' new values; the value itself outside torch.distributed."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _distributed():
         v = v.clone()
         dist.all_reduce(v, op=dist.ReduceOp.SUM)
         v = v / dist.get_world_size()
     return v
+
+
+_ZERO = torch.zeros((), dtype=torch.float32)
+
+
+def _zero(x: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero of x's dtype and device (one shared CPU float32 zero: never written)."""
+    if x.is_cpu and x.dtype == torch.float32:
+        return _ZERO
+    return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
 class RangeQuantizer(nn.Module):
@@ -90,17 +107,18 @@ class RangeQuantizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.spec
+        mn, mx = self.min, self.max  # (nn.Module's attribute lookup, once)
         if self.training:
             with torch.no_grad():
                 bmin, bmax = self._batch_range(x)
-                zero = torch.zeros((), dtype=x.dtype, device=x.device)
+                zero = _zero(x)
                 ratio = -1.0 if q.narrow_range else -((1 << q.num_bits) - 2) / (1 << q.num_bits)
                 if q.kind == "all_values":
                     if q.symmetric:  # tfmot updates batch_min first, then uses it
                         bmin = torch.minimum(bmin, bmax / ratio)
                         bmax = torch.maximum(bmax, bmin * ratio)
-                    lo = torch.minimum(torch.minimum(self.min, bmin), zero)
-                    hi = torch.maximum(torch.maximum(self.max, bmax), zero)
+                    lo = torch.minimum(torch.minimum(mn, bmin), zero)
+                    hi = torch.maximum(torch.maximum(mx, bmax), zero)
                 else:
                     if q.symmetric:
                         lo = torch.minimum(bmin, bmax / ratio)
@@ -108,15 +126,16 @@ class RangeQuantizer(nn.Module):
                     else:
                         lo, hi = torch.minimum(bmin, zero), torch.maximum(bmax, zero)
                     if q.kind == "moving_average":
-                        d = _EMA.to(x.device)
-                        lo = self.min - (self.min - _replica_mean(lo)) * d
-                        hi = self.max - (self.max - _replica_mean(hi)) * d
-                self.min.copy_(lo)
-                self.max.copy_(hi)
+                        d = _EMA if x.is_cpu else _EMA.to(x.device)
+                        if _distributed():
+                            lo, hi = _replica_mean(lo), _replica_mean(hi)
+                        lo = mn - (mn - lo) * d
+                        hi = mx - (mx - hi) * d
+                mn.copy_(lo)
+                mx.copy_(hi)
         if q.per_axis:
-            return _fq_pc(x, self.min, self.max, num_bits=q.num_bits,
-                          narrow_range=q.narrow_range)
-        return _fq(x, self.min, self.max, num_bits=q.num_bits, narrow_range=q.narrow_range)
+            return _fq_pc(x, mn, mx, num_bits=q.num_bits, narrow_range=q.narrow_range)
+        return _fq(x, mn, mx, num_bits=q.num_bits, narrow_range=q.narrow_range)
 
     def extra_repr(self) -> str:
         q = self.spec
