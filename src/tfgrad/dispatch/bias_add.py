@@ -32,6 +32,11 @@ def bias_add(value: np.ndarray, bias: np.ndarray, dims: tuple[int, int, int]) ->
     return out
 
 
+@lru_cache(maxsize=16)
+def _tiny(dtype: np.dtype) -> np.floating:
+    return dtype.type(np.finfo(dtype).tiny)
+
+
 @lru_cache(maxsize=256)
 def _blocks(r: int, c: int, itemsize: int, threads: int) -> tuple[int, int, int]:
     return redux_blocks(r, c, itemsize, threads)
@@ -44,13 +49,15 @@ def bias_add_grad(g: np.ndarray, r: int, c: int, threads: int) -> np.ndarray:
         return x[0].copy()  # TF passes a single row through (no addition, no flush)
     nb, rows, per_call = _blocks(r, c, x.dtype.itemsize, threads)
     buffers = np.zeros((nb, c), x.dtype)
-    tiny = x.dtype.type(np.finfo(x.dtype).tiny)
+    tiny = _tiny(x.dtype)
     tasks = -(-nb // per_call) * -(-c // k.WIDTH)
     launch(_FAMILY, k.column_sums, x.size, x.reshape(-1), c, rows, per_call, buffers, tiny,
            units=tasks)
-    for s, j in zip(*np.nonzero(np.isnan(buffers))):  # (rare) the NaN TF's order gives
-        buffers[s, j] = k.column_sum_nan(x.reshape(-1), c, j, s * rows,
-                                         min(r, (s + per_call) * rows), tiny)
+    nan = np.isnan(buffers)
+    if nan.any():
+        for s, j in zip(*np.nonzero(nan)):  # (rare) the NaN TF's order gives
+            buffers[s, j] = k.column_sum_nan(x.reshape(-1), c, j, s * rows,
+                                             min(r, (s + per_call) * rows), tiny)
     total = buffers[0]
     if nb == 1:
         return total

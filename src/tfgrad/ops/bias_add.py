@@ -120,20 +120,24 @@ def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
         return lambda a: np.array(a["input"], copy=True)
     fmt = args["data_format"]
     if op == "BiasAdd":
-        return lambda a: _bias_add(a["value"], a["bias"], fmt)
-    return lambda a: _bias_add_grad(a["out_backprop"], fmt)
+        dims = three_dims(args["value"].shape, fmt)
+        return lambda a: _bias_add(a["value"], a["bias"], fmt, dims)
+    dims = three_dims(args["out_backprop"].shape, fmt)
+    return lambda a: _bias_add_grad(a["out_backprop"], fmt, dims)
 
 
-def _bias_add(value: np.ndarray, bias: np.ndarray, fmt: str) -> np.ndarray:
+def _bias_add(value: np.ndarray, bias: np.ndarray, fmt: str,
+              dims: tuple[int, int, int] | None = None) -> np.ndarray:
     if _config.use_reference() or value.size == 0:
         return reference_bias_add(value, bias, fmt)
-    return _dispatch().bias_add(value, bias, three_dims(value.shape, fmt))
+    return _dispatch().bias_add(value, bias, dims or three_dims(value.shape, fmt))
 
 
-def _bias_add_grad(g: np.ndarray, fmt: str) -> np.ndarray:
+def _bias_add_grad(g: np.ndarray, fmt: str,
+                   dims: tuple[int, int, int] | None = None) -> np.ndarray:
     if _config.use_reference():
         return reference_bias_add_grad(g, fmt)
-    b, c, hw = three_dims(g.shape, fmt)
+    b, c, hw = dims or three_dims(g.shape, fmt)
     if c == 0 or g.size == 0 or hw > 1:
         # (NCHW: the NumPy model, vectorized over whole rows, is the implementation)
         return reference_bias_add_grad(g, fmt)
