@@ -52,13 +52,26 @@ converted to a float32 copy (Numba has no half types). Each threaded kernel is a
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, uint64
+from numba import boolean, int64, prange, uint64
 
 from .._compile import Twins, inline, jit
 from .._tf.mxcsr import ftz_enter, ftz_exit
 from .._tf.rsqrt import rsqrt_channel
-from ._simd import vadd, vfull, vfull8, vgather8, vlane, vload, vload8_t, vmul, vstore, vsub, vzeros
-from .batch_norm_common import PF, ROWS, SLOT, L, image_span, prefetch_row, span
+from ._simd import (
+    prefetch,
+    vadd,
+    vfull,
+    vfull8,
+    vgather8,
+    vlane,
+    vload,
+    vload8_t,
+    vmul,
+    vstore,
+    vsub,
+    vzeros,
+)
+from .batch_norm_common import PF, ROWS, SLOT, L, image_span, span
 
 _F32 = np.float32
 
@@ -386,7 +399,9 @@ def _term(x: np.ndarray, i: uint64, sq: bool, m):  # type: ignore[no-untyped-def
 
 @inline
 def _row_acc(x, i, nv, sq, m0, m1, m2, m3, a0, a1, a2, a3):  # type: ignore[no-untyped-def]
-    """One row's nv (1-4) channel vectors at x[i:], added to a0..a3."""
+    """One row's nv (1-4) channel vectors at x[i:], added to a0..a3. (Numba's inlining,
+    not LLVM's: inlined by LLVM, it compiled 0.5 s faster but LLVM then loaded each row's
+    first 64 bytes last, and the four-vector sums ran ~10% slower from memory.)"""
     a0 = vadd(a0, _term(x, i, sq, m0))
     if nv > 1:
         a1 = vadd(a1, _term(x, i + uint64(L), sq, m1))
@@ -398,10 +413,26 @@ def _row_acc(x, i, nv, sq, m0, m1, m2, m3, a0, a1, a2, a3):  # type: ignore[no-u
 
 
 @inline
+def _prefetch_vecs(x, i, nv):  # type: ignore[no-untyped-def]
+    """prefetch_row without a loop: tests of nv that LLVM folds where nv is a constant
+    after inlining (a loop over a run-time nv stays partly rolled)."""
+    prefetch(x, i)
+    if nv > 1:
+        prefetch(x, i + uint64(L))
+    if nv > 2:
+        prefetch(x, i + uint64(2 * L))
+    if nv > 3:
+        prefetch(x, i + uint64(3 * L))
+
+
+@inline(force=True)
 def _colsum_vec(x, R, C, c0, nv, four, sq, m0, m1, m2, m3):  # type: ignore[no-untyped-def]
     """Eigen's column sums (_eigen_sum_nhwc's order) of the nv channel vectors from c0 of
     flat x[R, C], or of (x - m)**2 with ``sq``: four row-interleaved accumulators per
-    vector (rows j = k mod 4), combined ((a0+a1)+a2)+a3, then the leftover rows."""
+    vector (rows j = k mod 4), combined ((a0+a1)+a2)+a3, then the leftover rows.
+
+    Compiled once, nv and sq at run time; LLVM inlines it where they are constants (see
+    _stats_block)."""
     cc = uint64(C)
     z = vzeros(x)
     p0 = p1 = p2 = p3 = q0 = q1 = q2 = q3 = z
@@ -412,11 +443,11 @@ def _colsum_vec(x, R, C, c0, nv, four, sq, m0, m1, m2, m3):  # type: ignore[no-u
         if j + PF + 4 <= R:
             f = i + uint64(PF) * cc
             for k in range(4):
-                prefetch_row(x, f + uint64(k) * cc, nv)
+                _prefetch_vecs(x, f + uint64(k) * cc, nv)
         p0, p1, p2, p3 = _row_acc(x, i, nv, sq, m0, m1, m2, m3, p0, p1, p2, p3)
         q0, q1, q2, q3 = _row_acc(x, i + cc, nv, sq, m0, m1, m2, m3, q0, q1, q2, q3)
-        r0, r1, r2, r3 = _row_acc(x, i + 2 * cc, nv, sq, m0, m1, m2, m3, r0, r1, r2, r3)
-        s0, s1, s2, s3 = _row_acc(x, i + 3 * cc, nv, sq, m0, m1, m2, m3, s0, s1, s2, s3)
+        r0, r1, r2, r3 = _row_acc(x, i + uint64(2) * cc, nv, sq, m0, m1, m2, m3, r0, r1, r2, r3)
+        s0, s1, s2, s3 = _row_acc(x, i + uint64(3) * cc, nv, sq, m0, m1, m2, m3, s0, s1, s2, s3)
     if four:
         p0 = vadd(vadd(vadd(p0, q0), r0), s0)
         p1 = vadd(vadd(vadd(p1, q1), r1), s1)
@@ -446,12 +477,17 @@ def _stats_block(x, R, C, c0, nv, four, inv, mean, var):  # type: ignore[no-unty
     Inlined by LLVM at call sites that pass nv as a constant, so that the row loops
     carry no tests of nv (a run-time nv cost the passes about a fifth of their time).
     The gradient sums (grad_sums_nhwc_vec) gained nothing from it: they are bound by
-    reading half of every row on each thread, not by their arithmetic."""
+    reading half of every row on each thread, not by their arithmetic.
+
+    nv and sq reach _stats_block and _colsum_vec as run-time values (int64(4),
+    boolean(False)): Numba compiles each of them once and LLVM folds the constants
+    after inlining. A literal (4, False) would make Numba compile a copy per value
+    (with its inlined IR copied each time: 5 s of CPU each)."""
     z = vzeros(x)
-    a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, False, z, z, z, z)
+    a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, boolean(False), z, z, z, z)
     f = vfull(x, inv)
     m0, m1, m2, m3 = vmul(a0, f), vmul(a1, f), vmul(a2, f), vmul(a3, f)
-    a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, True, m0, m1, m2, m3)
+    a0, a1, a2, a3 = _colsum_vec(x, R, C, c0, nv, four, boolean(True), m0, m1, m2, m3)
     _store4(mean, c0, nv, m0, m1, m2, m3)
     _store4(var, c0, nv, vmul(a0, f), vmul(a1, f), vmul(a2, f), vmul(a3, f))
 
@@ -467,12 +503,12 @@ def stats_nhwc_vec(x: np.ndarray, R: int, C: int, cb: int, mean: np.ndarray,
         fz = ftz_enter()
         c0 = blk * cb
         nv = min(cb, C - c0) // L
-        if nv == 4:  # (constants: see _stats_block)
-            _stats_block(x, R, C, c0, 4, four, inv, mean, var)
+        if nv == 4:  # (constants, not literals: see _stats_block)
+            _stats_block(x, R, C, c0, int64(4), four, inv, mean, var)
         elif nv == 3:
-            _stats_block(x, R, C, c0, 3, four, inv, mean, var)
+            _stats_block(x, R, C, c0, int64(3), four, inv, mean, var)
         elif nv == 2:
-            _stats_block(x, R, C, c0, 2, four, inv, mean, var)
+            _stats_block(x, R, C, c0, int64(2), four, inv, mean, var)
         else:
-            _stats_block(x, R, C, c0, 1, four, inv, mean, var)
+            _stats_block(x, R, C, c0, int64(1), four, inv, mean, var)
         ftz_exit(fz)

@@ -37,7 +37,7 @@ _CHUNK = 1 << 15  # elements per parallel chunk of the elementwise kernels
 _U = np.uint64
 
 
-@inline
+@inline(force=True)
 def _ftz(v):
     # FTZ/DAZ: a denormal becomes a zero of the same sign; NaN and inf pass.
     return v if abs(v) >= _FLT_MIN else v * _ZERO
@@ -155,12 +155,15 @@ def _hsum(acc, k, c):
 
 @inline
 def _fold(acc, w):
-    # paccum += paccum1; paccum += paccum2; paccum += paccum3 (lanes 8-31 into 0-7).
+    # paccum += paccum1; paccum += paccum2; paccum += paccum3 (lanes 8-31 into 0-7):
+    # acc[k, 0:8, :] is one run of 8 * w values, acc[k, 8q:8q+8, :] another.
     for k in range(2):
+        a = acc[k].reshape(-1)
         for q in range(1, 4):
-            for lane in range(8):
-                for c in range(w):
-                    acc[k, lane, c] = _ftz(acc[k, lane, c] + acc[k, 8 * q + lane, c])
+            b = _U(8 * q * w)
+            for t in range(8 * w):
+                i = _U(t)
+                a[i] = _ftz(a[i] + a[i + b])
 
 
 @inline
@@ -197,10 +200,9 @@ def _subtree(g, x, nmin, nmax, prog, p0, p1, c0, c1, depth, dx, out):
             for i in range(first, first + n4):
                 _row(g, x, lo, hi, i, c0, w, acc, (i - first) & 31, dx)
             _fold(acc, w)
-            for i in range(first + n4, first + n8):
-                _row(g, x, lo, hi, i, c0, w, acc, (i - first) & 7, dx)
-            for i in range(first + n8, first + m):
-                _row(g, x, lo, hi, i, c0, w, acc, 32, dx)
+            for i in range(first + n4, first + m):  # lanes 0-7, then the scalar tail
+                r = i - first
+                _row(g, x, lo, hi, i, c0, w, acc, r & 7 if r < n8 else 32, dx)
             for k in range(2):
                 for c in range(w):
                     stack[sp, k, c] = _ftz(acc[k, 32, c] + _hsum(acc, k, c))
@@ -218,17 +220,25 @@ def _subtree(g, x, nmin, nmax, prog, p0, p1, c0, c1, depth, dx, out):
 
 @jit
 def _combine_top(res, top, depth, dmin, dmax):
-    """Combine the subtrees' results res[t, k, :] in the order of the tree above them."""
+    """Combine the subtrees' results res[t, k, :] in the order of the tree above them.
+
+    Copies are loops: an array assignment (stack[sp] = res[t]) compiles NumPy's shape
+    check with its error message (string formatting: 4 s of compile)."""
     d = res.shape[2]
     stack = np.empty((depth, 2, d), F32)
     sp = 0
     for op in range(top.shape[0]):
         code = top[op, 0]
         if code == OP_TASK:
-            stack[sp] = res[top[op, 1]]
+            t = top[op, 1]
+            for k in range(2):
+                for c in range(d):
+                    stack[sp, k, c] = res[t, k, c]
             sp += 1
         elif code == OP_ZERO:
-            stack[sp] = 0
+            for k in range(2):
+                for c in range(d):
+                    stack[sp, k, c] = _ZERO
             sp += 1
         else:  # a tree node: (0 + left) + right; or the shards' sum: left + right
             sp -= 1
@@ -238,8 +248,9 @@ def _combine_top(res, top, depth, dmin, dmax):
                     if code == OP_COMBINE:
                         left = _ftz(_ZERO + left)
                     stack[sp - 1, k, c] = _ftz(left + stack[sp, k, c])
-    dmin[:] = stack[0, 0]
-    dmax[:] = stack[0, 1]
+    for c in range(d):
+        dmin[c] = stack[0, 0, c]
+        dmax[c] = stack[0, 1, c]
 
 
 @Twins
