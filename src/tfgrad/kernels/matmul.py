@@ -123,6 +123,19 @@ def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
     return types.float32(a, b, c), codegen
 
 
+def _item_pointer(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    """The address of arr[i, k] for an intrinsic's (arr, i, k), any strides, the indices
+    taken as they are (no wraparound, no bounds check)."""
+    aty = sig.args[0]
+    ary = context.make_array(aty)(context, builder, args[0])
+    inds = [context.cast(builder, args[1], sig.args[1], types.intp),
+            context.cast(builder, args[2], sig.args[2], types.intp)]
+    return cgutils.get_item_pointer2(
+        context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aty.layout,
+        inds=inds, wraparound=False, boundscheck=False)
+
+
 @intrinsic
 def aload(typingctx, arr, i, k):  # type: ignore[no-untyped-def]
     """arr[i, k] of a two-dimensional float32 array of any strides, the indices taken as
@@ -132,14 +145,7 @@ def aload(typingctx, arr, i, k):  # type: ignore[no-untyped-def]
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        aty = sig.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        inds = [context.cast(builder, args[1], sig.args[1], types.intp),
-                context.cast(builder, args[2], sig.args[2], types.intp)]
-        ptr = cgutils.get_item_pointer2(
-            context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-            strides=cgutils.unpack_tuple(builder, ary.strides), layout=aty.layout,
-            inds=inds, wraparound=False, boundscheck=False)
+        ptr = _item_pointer(context, builder, sig, args)
         return builder.load(ptr)
 
     return types.float32(arr, i, k), codegen
@@ -154,14 +160,7 @@ def prefetch(typingctx, arr, i, k):  # type: ignore[no-untyped-def]
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        aty = sig.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        inds = [context.cast(builder, args[1], sig.args[1], types.intp),
-                context.cast(builder, args[2], sig.args[2], types.intp)]
-        ptr = cgutils.get_item_pointer2(
-            context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-            strides=cgutils.unpack_tuple(builder, ary.strides), layout=aty.layout,
-            inds=inds, wraparound=False, boundscheck=False)
+        ptr = _item_pointer(context, builder, sig, args)
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fn = cgutils.get_or_insert_function(

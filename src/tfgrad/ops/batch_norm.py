@@ -236,16 +236,6 @@ def _check_forward(op: str, x: np.ndarray, scale: np.ndarray, offset: np.ndarray
     check_float32_copies(op, {"x": x})
 
 
-def _forward(op: str, version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
-             mean: np.ndarray, variance: np.ndarray, epsilon: float,
-             exponential_avg_factor: float, data_format: str,
-             is_training: bool) -> tuple[np.ndarray, ...]:
-    _check_forward(op, x, scale, offset, mean, variance, exponential_avg_factor, data_format,
-                   is_training)
-    return _forward_checked(version, x, scale, offset, mean, variance, epsilon,
-                            exponential_avg_factor, data_format, is_training)
-
-
 def _forward_checked(version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
                      mean: np.ndarray, variance: np.ndarray, epsilon: float,
                      exponential_avg_factor: float, data_format: str,
@@ -289,16 +279,16 @@ def _reference_forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mea
     return _from_rows(y2, x.shape, channel_last, x.dtype), bm, bv, sm, sv
 
 
-def FusedBatchNorm(**kw: object) -> tuple[np.ndarray, ...]:
-    return _forward("FusedBatchNorm", 1, **kw)  # type: ignore[arg-type]
+def FusedBatchNorm(**kw: Any) -> tuple[np.ndarray, ...]:
+    return prepare("FusedBatchNorm", kw)(kw)
 
 
-def FusedBatchNormV2(**kw: object) -> tuple[np.ndarray, ...]:
-    return _forward("FusedBatchNormV2", 2, **kw)  # type: ignore[arg-type]
+def FusedBatchNormV2(**kw: Any) -> tuple[np.ndarray, ...]:
+    return prepare("FusedBatchNormV2", kw)(kw)
 
 
-def FusedBatchNormV3(**kw: object) -> tuple[np.ndarray, ...]:
-    return _forward("FusedBatchNormV3", 3, **kw)  # type: ignore[arg-type]
+def FusedBatchNormV3(**kw: Any) -> tuple[np.ndarray, ...]:
+    return prepare("FusedBatchNormV3", kw)(kw)
 
 
 # --------------------------------------------------------------------------------------
@@ -322,14 +312,6 @@ def _check_grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarra
     _check_channels(op, "reserve_space_2", reserve_space_2, c)
     check_alloc(op, "x_backprop", x.shape, x.dtype)
     check_float32_copies(op, {"x": x, "y_backprop": y_backprop})
-
-
-def _grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
-          reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
-          data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
-    _check_grad(op, y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format)
-    return _grad_checked(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-                         data_format, is_training)
 
 
 def _grad_checked(y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
@@ -370,15 +352,14 @@ def _reference_grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.n
     return _from_rows(dx2, x.shape, channel_last, x.dtype), sb, ob
 
 
-def FusedBatchNormGrad(**kw: object) -> tuple[np.ndarray, ...]:
-    return _grad("FusedBatchNormGrad", **kw)  # type: ignore[arg-type]
+def FusedBatchNormGrad(**kw: Any) -> tuple[np.ndarray, ...]:
+    return prepare("FusedBatchNormGrad", kw)(kw)
 
 
-def FusedBatchNormGradV2(**kw: object) -> tuple[np.ndarray, ...]:
-    return _grad("FusedBatchNormGradV2", **kw)  # type: ignore[arg-type]
+def FusedBatchNormGradV2(**kw: Any) -> tuple[np.ndarray, ...]:
+    return prepare("FusedBatchNormGradV2", kw)(kw)
 
 
-def FusedBatchNormGradV3(reserve_space_3: np.ndarray,
-                         **kw: object) -> tuple[np.ndarray, ...]:
+def FusedBatchNormGradV3(**kw: Any) -> tuple[np.ndarray, ...]:
     # TF's CPU kernel ignores reserve_space_3 (any shape is accepted).
-    return _grad("FusedBatchNormGradV3", **kw)  # type: ignore[arg-type]
+    return prepare("FusedBatchNormGradV3", kw)(kw)

@@ -127,17 +127,16 @@ def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
 
 
 def _bias_add(value: np.ndarray, bias: np.ndarray, fmt: str,
-              dims: tuple[int, int, int] | None = None) -> np.ndarray:
+              dims: tuple[int, int, int]) -> np.ndarray:
     if _config.use_reference() or value.size == 0:
         return reference_bias_add(value, bias, fmt)
-    return _dispatch().bias_add(value, bias, dims or three_dims(value.shape, fmt))
+    return _dispatch().bias_add(value, bias, dims)
 
 
-def _bias_add_grad(g: np.ndarray, fmt: str,
-                   dims: tuple[int, int, int] | None = None) -> np.ndarray:
+def _bias_add_grad(g: np.ndarray, fmt: str, dims: tuple[int, int, int]) -> np.ndarray:
     if _config.use_reference():
         return reference_bias_add_grad(g, fmt)
-    b, c, hw = dims or three_dims(g.shape, fmt)
+    b, c, hw = dims
     if c == 0 or g.size == 0 or hw > 1:
         # (NCHW: the NumPy model, vectorized over whole rows, is the implementation)
         return reference_bias_add_grad(g, fmt)

@@ -269,10 +269,6 @@ def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], np.ndar
     return lambda a: _run(a["input"], plan, mean)
 
 
-def _reduce(op: str, x: np.ndarray, axis: Any, keep_dims: bool, mean: bool) -> np.ndarray:
-    return _run(x, make_plan(op, tuple(x.shape), _axes(axis), bool(keep_dims)), mean)
-
-
 def _run(x: np.ndarray, plan: Plan, mean: bool) -> np.ndarray:
     if _config.use_reference():
         return _finish(x, plan, mean, lambda: reference_sum(x, plan))
@@ -281,8 +277,10 @@ def _run(x: np.ndarray, plan: Plan, mean: bool) -> np.ndarray:
 
 
 def Sum(*, input: np.ndarray, axis: Any, keep_dims: bool = False) -> np.ndarray:  # noqa: A002
-    return _reduce("Sum", input, axis, keep_dims, mean=False)
+    args = locals()
+    return prepare("Sum", args)(args)
 
 
 def Mean(*, input: np.ndarray, axis: Any, keep_dims: bool = False) -> np.ndarray:  # noqa: A002
-    return _reduce("Mean", input, axis, keep_dims, mean=True)
+    args = locals()
+    return prepare("Mean", args)(args)
