@@ -131,6 +131,107 @@ def test_backprop_input_edge_blocks_are_per_image():
 
 
 # --------------------------------------------------------------------------------------
+# Eigen's own GEMV (a contraction with one output row): its k-blocks
+# --------------------------------------------------------------------------------------
+def test_gemv_block_follows_the_lhs_stride():
+    """Blocks of 16 from K = 128, 4 where the GEMV's lhs stride reaches 32000 bytes: the
+    forward's filter [K, O] has stride O; BackpropInput's transposed filter stride 1."""
+    from tfgrad._tf.conv2d import gemv_block
+
+    assert gemv_block(np.zeros((100, 9000), F32)) == 100
+    assert gemv_block(np.zeros((200, 7999), F32)) == 16
+    assert gemv_block(np.zeros((200, 8000), F32)) == 4
+    assert gemv_block(np.zeros((9000, 200), F32).T) == 16
+
+
+@pytest.mark.parametrize("op,N,H,Cin,O,K", [
+    ("Conv2D", 1, 1, 200, 8000, 1),                  # filter stride 8000: blocks of 4
+    ("Conv2D", 1, 3, 20, 7999, 3),                   # blocks of 16
+    ("Conv2DBackpropInput", 2, 1, 8001, 128, 1),     # F = 8001, blocks of 16
+    ("Conv2DBackpropInput", 32, 1, 112, 1280, 1),    # MobileNetV2's last 1x1: 32 images
+    ("Conv2DBackpropInput", 3, 3, 40, 2048, 3),      # a 3x3 filter over a 3x3 image
+])
+def test_one_output_pixel_is_eigens_gemv(op, N, H, Cin, O, K):
+    """One output pixel per image on TF's Eigen-contraction path: each image's contraction
+    is Eigen's GEMV (all images in one launch), kernel == reference == TF."""
+    rng = np.random.default_rng(N * 7 + O)
+    w = rng.standard_normal((K, K, Cin, O)).astype(F32)
+    kw = dict(strides=[1, 1, 1, 1], padding="VALID")
+    if op == "Conv2D":
+        args = dict(input=rng.standard_normal((N, H, H, Cin)).astype(F32), filter=w, **kw)
+    else:
+        assert C.input_direct_kind(_geo(op, N, H, H, Cin, O, K, padding="VALID")) == ""
+        args = dict(input_sizes=[N, H, H, Cin], filter=w,
+                    out_backprop=rng.standard_normal((N, 1, 1, O)).astype(F32), **kw)
+    got = getattr(raw_ops, op)(**args)
+    with _config.use_impl("reference"):
+        assert np.array_equal(_bits(getattr(raw_ops, op)(**args)), _bits(got))
+    tf = oracle.tensorflow()
+    if tf is not None:
+        assert np.array_equal(_bits(getattr(tf.raw_ops, op)(**args).numpy()), _bits(got))
+
+
+# --------------------------------------------------------------------------------------
+# Conv2D's patches a chunk of output rows at a time
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("N,H,Cin,O,K,s", [
+    (3, 12, 3, 16, 3, 2),   # a stem: image boundaries inside chunks
+    (1, 31, 32, 8, 3, 1),   # Eigen's one-wide last n-block (gemv_n, TF's last pixel)
+    (1, 7, 16, 24, 3, 1),   # the same, sequential plan
+    (1, 3, 256, 2, 3, 1),   # K-sharded plan
+    (2, 9, 2, 1, 3, 1),     # one output channel (gemv_t, TF's last column)
+    (2, 5, 1, 7, 3, 5),     # one output pixel per row (OW = 1)
+])
+@pytest.mark.parametrize("patches", [1, 40, 700])
+def test_forward_patches_in_chunks_keep_the_bits(N, H, Cin, O, K, s, patches, monkeypatch):
+    """Conv2D builds its im2col a chunk of output rows at a time (``_PATCHES`` floats):
+    each row's sums depend on the plan alone, except TF's last pixel in a plan whose
+    last n-block is one wide, which only the last chunk recomputes."""
+    from tfgrad.dispatch import conv2d as D
+
+    rng = np.random.default_rng(N * 1000 + H * 10 + O)
+    x = rng.standard_normal((N, H, H, Cin)).astype(F32)
+    w = rng.standard_normal((K, K, Cin, O)).astype(F32)
+    kw = dict(strides=[1, s, s, 1], padding="SAME")
+    with _config.use_impl("reference"):
+        want = raw_ops.Conv2D(input=x, filter=w, **kw)
+    monkeypatch.setattr(D, "_PATCHES", patches)
+    got = raw_ops.Conv2D(input=x, filter=w, **kw)
+    assert np.array_equal(_bits(got), _bits(want))
+    tf = oracle.tensorflow()
+    if tf is not None:
+        assert np.array_equal(_bits(got), _bits(tf.raw_ops.Conv2D(input=x, filter=w, **kw)))
+
+
+def test_forward_patches_are_bounded(monkeypatch):
+    """A stem's patch matrix (over twice its input) is never built whole: the forward
+    allocates its output and one chunk of patches (``_PATCHES`` floats)."""
+    import tracemalloc
+
+    from tfgrad.dispatch import conv2d as D
+
+    x = np.random.default_rng(1).standard_normal((4, 120, 120, 3)).astype(F32)
+    w = np.ones((3, 3, 3, 16), F32)
+    kw = dict(strides=[1, 2, 2, 1], padding="SAME")
+    patches = 4 * 60 * 60 * 27 * 4
+    assert patches > 2 * x.nbytes
+
+    def peak() -> int:
+        raw_ops.Conv2D(input=x, filter=w, **kw)  # compiled, plans cached
+        tracemalloc.start()
+        try:
+            out = raw_ops.Conv2D(input=x, filter=w, **kw)
+            return tracemalloc.get_traced_memory()[1] - out.nbytes
+        finally:
+            tracemalloc.stop()
+
+    monkeypatch.setattr(D, "_PATCHES", 1 << 16)
+    assert peak() <= (1 << 18) + (1 << 16)
+    monkeypatch.setattr(D, "_PATCHES", 1 << 30)  # (the whole matrix: what it guards)
+    assert peak() >= patches
+
+
+# --------------------------------------------------------------------------------------
 # Gradients (TF's _Conv2DGrad, _Conv2DBackpropInputGrad, _Conv2DBackpropFilterGrad)
 # --------------------------------------------------------------------------------------
 def test_first_and_second_order_gradients_match_tfs_tapes():

@@ -83,13 +83,25 @@ def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return flushed(np.multiply(a, b, dtype=F32))
 
 
+def gemv_block(B: np.ndarray) -> int:
+    """The k-block of Eigen's column-major GEMV over B [K, N] as TF lays it out: all of K
+    below 128, else 16, or 4 when the GEMV's lhs stride (B's stride along k, in elements)
+    is 32000 bytes or more: Conv2D's filter [K, N] (stride N: 4 from 8000 output
+    channels, probed) but not Conv2DBackpropInput's transposed filter (stride 1: 16 at
+    every F, probed to 12000)."""
+    K = B.shape[0]
+    if K < 128:
+        return K
+    return 16 if abs(B.strides[0]) // B.itemsize * 4 < 32000 else 4
+
+
 def eigen_gemv(a: np.ndarray, B: np.ndarray) -> np.ndarray:
     """A contraction with one output row (Eigen's n = 1): Eigen's own column-major GEMV
     (``evalGemv``, no oneDNN, no FMA in this build): y[j] = sum_k B[k, j] a[k] in blocks
-    of k (all of K below 128, else 16; 4 when the outer stride is 32000 bytes or more),
-    each a mul-then-add chain from 0, added to y. ``a`` [1, K], B [K, N]."""
+    of k (:func:`gemv_block`), each a mul-then-add chain from 0, added to y. ``a`` [1, K],
+    B [K, N] (a view: its strides choose the block)."""
     K, N = B.shape
-    block = K if K < 128 else (16 if N * 4 < 32000 else 4)
+    block = gemv_block(B)
     y = np.zeros(N, F32)
     for s in range(0, K, block):
         c = np.zeros(N, F32)

@@ -9,19 +9,23 @@ most ``_CHUNK`` floats of patches, each row's sum fixed by the plan alone).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .._compile import launch
 from .._tf.contraction import Plan
-from .._tf.conv2d import Geometry, edge_plan
+from .._tf.conv2d import Geometry, edge_plan, gemv_block
 from .._tf.fpenv import flush_denormals
 from ..kernels import conv2d as k
 from ..kernels import matmul as km
+from ..kernels._simd import stream_output
 from . import matmul as mm
 
 F32 = np.float32
 _FAMILY = "conv2d"
 _CHUNK = 1 << 23
+_PATCHES = 1 << 21  # floats of Conv2D's patches built at a time (8 MiB)
 
 
 def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.ndarray:
@@ -29,11 +33,18 @@ def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.n
     n = 1: its own GEMV) by the reference, which is O(K N)."""
     A = a.T if ta else a
     B = b.T if tb else b
-    if A.shape[0] == 1:  # (compiled: tfgrad._tf.conv2d.eigen_gemv is its NumPy model)
-        y = np.zeros(B.shape[1], F32)
-        km.eigen_gemv(np.ascontiguousarray(A[0]), B, y)
-        return y[None, :]
+    if A.shape[0] == 1:
+        return _gemv_rows(A, B)
     return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]))
+
+
+def _gemv_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Eigen's own GEMV (TF's contraction with n = 1) of each row of A [R, K] with
+    B [K, N], in one launch (compiled; tfgrad._tf.conv2d.eigen_gemv is its NumPy model)."""
+    Y = np.zeros((A.shape[0], B.shape[1]), F32)
+    launch(_FAMILY, km.eigen_gemv, Y.size * A.shape[1], np.ascontiguousarray(A),
+           np.ascontiguousarray(B), gemv_block(B), Y, units=A.shape[0])
+    return Y
 
 
 def _one_by_one(geo: Geometry) -> bool:
@@ -42,23 +53,51 @@ def _one_by_one(geo: Geometry) -> bool:
             and (geo.OH, geo.OW) == (geo.H, geo.W))
 
 
-def _cols(x: np.ndarray, geo: Geometry) -> np.ndarray:
-    """im2col of x [n, H, W, C]."""
-    rows = x.shape[0] * geo.P
-    if _one_by_one(geo) and x.flags.c_contiguous:
-        return x.reshape(rows, geo.C)  # 1x1, stride 1: the input is its own patch matrix
-    cols = np.empty((rows, geo.F), F32)
-    launch(_FAMILY, k.im2col, rows * geo.F, np.ascontiguousarray(x), geo.KH, geo.KW, geo.OH,
-           geo.OW, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, cols,
-           units=x.shape[0] * geo.OH)
+def _own_patches(geo: Geometry) -> bool:
+    """The input is its own patch matrix: a 1x1 stride-1 filter (a row per pixel), or a
+    VALID filter the size of the image (a row per image)."""
+    whole = ((geo.KH, geo.KW, geo.OH, geo.OW) == (geo.H, geo.W, 1, 1)
+             and geo.pt == geo.pl == 0)
+    return _one_by_one(geo) or whole
+
+
+def _cols(x: np.ndarray, geo: Geometry, t0: int = 0, rows: int = -1,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """im2col of x [n, H, W, C]; with ``rows``, only output rows t0 .. t0 + rows - 1
+    (of OW pixels each, across images), into ``out`` if given."""
+    if rows < 0:
+        rows = x.shape[0] * geo.OH
+        if _own_patches(geo) and x.flags.c_contiguous:
+            return x.reshape(rows * geo.OW, geo.F)
+    cols = np.empty((rows * geo.OW, geo.F), F32) if out is None else out
+    launch(_FAMILY, k.im2col, cols.size, np.ascontiguousarray(x), geo.KH, geo.KW, geo.OH,
+           geo.OW, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, t0, cols, units=rows)
     return cols
 
 
 def forward(x: np.ndarray, f: np.ndarray, geo: Geometry, p: Plan) -> np.ndarray:
+    """The contraction of all of the images' patches at once, as TF's; a patch matrix
+    above ``_PATCHES`` floats is built and contracted a chunk of output rows at a time
+    (TF's Eigen path packs its blocks from the image, never building it). Each row's
+    sums depend on the plan alone, except Eigen's one-wide last n-block (TF's last
+    pixel, ``gemv_n``), which only the last chunk has."""
+    W = np.ascontiguousarray(f).reshape(geo.F, geo.O)
+    rows = geo.N * geo.OH
+    step = max(2, _PATCHES // (geo.OW * geo.F))
     with flush_denormals():
-        A = _cols(x, geo)
-        out = _contract(A, np.ascontiguousarray(f).reshape(geo.F, geo.O), False, False,
-                        p)
+        if step >= rows or _own_patches(geo) and x.flags.c_contiguous:
+            out = _contract(_cols(x, geo), W, False, False, p)
+            return out.reshape(geo.N, geo.OH, geo.OW, geo.O)
+        x = np.ascontiguousarray(x)
+        out, stream = stream_output((geo.N * geo.P, geo.O), F32)
+        inner = Plan(tuple(dataclasses.replace(sh, gemv_n=False) for sh in p.shards),
+                     p.path)
+        buf = np.empty((step * geo.OW, geo.F), F32)
+        for s in range(0, rows, step):
+            e = min(rows, s + step)
+            A = _cols(x, geo, s, e - s, buf[:(e - s) * geo.OW])
+            mm.matmul(A, W, False, False, edge_plan(p if e == rows else inner, geo.O),
+                      out=out[s * geo.OW:e * geo.OW], plus0=False, stream=stream)
     return out.reshape(geo.N, geo.OH, geo.OW, geo.O)
 
 
@@ -71,8 +110,16 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
     g = np.ascontiguousarray(g)
     one = _one_by_one(geo) and kind in ("", "nocopy")
     dx = (np.empty if one else np.zeros)((geo.N, geo.H, geo.W, geo.C), F32)
+    if geo.P == 1 and kind == "":  # one pixel an image: each image's contraction is
+        with flush_denormals():  # Eigen's GEMV (n = 1): every image in one launch
+            col = _gemv_rows(g.reshape(geo.N, geo.O), W.T)
+            if one:
+                dx = np.zeros_like(dx)
+            launch(_FAMILY, k.col2im, geo.N * geo.F, col, geo.KH, geo.KW, geo.OH, geo.OW,
+                   geo.sh, geo.sw, geo.pt, geo.pl, dx, units=geo.N)
+        return dx
     step = max(1, _CHUNK // max(1, geo.P * geo.F))
-    if any(sh.gemv_m or sh.gemv_n for sh in p.shards) or (geo.P == 1 and kind == ""):
+    if any(sh.gemv_m or sh.gemv_n for sh in p.shards):
         step = 1  # the plan's one-wide edge blocks are per image: one image a contraction
     with flush_denormals():
         for s in range(0, geo.N, step):

@@ -42,10 +42,13 @@ def _ranges(p: Plan) -> tuple[np.ndarray, np.ndarray, bool]:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
-           out: np.ndarray | None = None) -> np.ndarray:
+           out: np.ndarray | None = None, plus0: bool = True, stream: bool = False
+           ) -> np.ndarray:
     """The contraction path (min(M, K, N) > 1) with TF's plan ``p``. With ``out``
-    (C-contiguous [M, N] float32) the result is ``0 + C`` in ``out`` (Col2im of a 1x1,
-    stride-1 conv: a zeroed dx plus the contraction, -0 made +0)."""
+    (C-contiguous [M, N] float32) the result goes there: ``0 + C`` when ``plus0``
+    (Col2im of a 1x1, stride-1 conv: a zeroed dx plus the contraction, -0 made +0), else
+    C itself; ``stream``: ``out`` starts on a 64-byte line and N % 16 == 0, so that it
+    may be written with non-temporal stores."""
     A = a.T if ta else a  # read in place, any strides
     K = A.shape[1]
     M, N = A.shape[0], (b.shape[0] if tb else b.shape[1])
@@ -53,19 +56,20 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
     B = _padded(b.T if tb else b, Nb).reshape(-1)
     S = len(p.shards)
     ranges, ptr, edge = _ranges(p)
-    direct = out is not None and S == 1 and not edge  # "+ 0" in the kernel's last add
-    stream = False
+    # straight into out ("+ 0" in the kernel's last add; the edges, plain, rewritten after)
+    direct = out is not None and S == 1 and not (edge and plus0)
     if direct:
         C = out.reshape(1, M, N)
+        stream = stream and not edge
     elif S == 1 and not edge:  # a large output: written past the caches (no read for
         C, stream = stream_output((1, M, N), F32)  # ownership), when its rows are lines
     else:
         C = np.empty((S, M, N), F32)
+        stream = False
     units = S * -(-M // k.ROWS) * -(-Nb // k.COLS)
     # (the kernel sets FTZ / DAZ itself: DAZ reads denormal inputs as 0)
-    launch(_FAMILY, k.contract, M * N * K, A, B, Nb, N, ranges, ptr, direct, stream,
-           C.reshape(-1),
-           units=units)
+    launch(_FAMILY, k.contract, M * N * K, A, B, Nb, N, ranges, ptr, direct and plus0,
+           stream, C.reshape(-1), units=units)
     bufs = []
     for s, sh in enumerate(p.shards):
         c = C[s]
@@ -75,7 +79,10 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
         bufs.append(c.reshape(-1))
     res = (bufs[0] if S == 1 else combine(bufs)).reshape(M, N)
     if out is not None and not direct:
-        with flush_denormals():
-            np.add(res, F32(0.0), out=out)  # (+0 added: -0 becomes +0)
+        if plus0:
+            with flush_denormals():
+                np.add(res, F32(0.0), out=out)  # (+0 added: -0 becomes +0)
+        else:
+            out[...] = res
         return out
     return res

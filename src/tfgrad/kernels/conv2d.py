@@ -15,18 +15,20 @@ from ._simd import vload, vload_part, vstore, vstore_part, vzeros
 from .matmul import fma32, vadd, vfma
 
 
-def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
-    """cols [n*OH*OW, KH*KW*C] from x [n, H, W, C]: patch rows in (image, oh, ow) order,
-    K in (kh, kw, c) order, zeros for the padding taps. One task per output row; an
-    undilated filter row inside the image is one contiguous run of KW*C values."""
+def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, t0, cols):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """cols [rows*OW, KH*KW*C]: the patches of output rows t0 .. t0 + rows - 1 (row t:
+    image t // OH, oh = t % OH) of x [n, H, W, C], in (image, oh, ow) order, K in
+    (kh, kw, c) order, zeros for the padding taps. One task per output row; an undilated
+    filter row inside the image is one contiguous run of KW*C values."""
     n, H, W, C = x.shape
     xf = x.reshape(-1)
     run = KW * C
-    for t in prange(n * OH):
+    for u in prange(cols.shape[0] // OW):
+        t = t0 + u
         b = t // OH
         i = t % OH
         for j in range(OW):
-            p = t * OW + j
+            p = u * OW + j
             c0 = j * sw - pl
             inside = dw == 1 and c0 >= 0 and c0 + KW <= W
             for kh in range(KH):

@@ -426,19 +426,27 @@ def gemv_t(X, w, y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover -
     ftz_exit(fz)
 
 
-@jit
-def eigen_gemv(a, B, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Eigen's own column-major GEMV (no FMA): y[j] = sum_k B[k, j] a[k] in blocks of k
-    (all of K below 128, else 16; 4 when the outer stride is 32000 bytes or more), each a
-    mul-then-add chain from 0, added to y (y [N] zeroed by the caller)."""
-    fz = ftz_enter()
+def _eigen_gemv(A, B, block, Y):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Eigen's own column-major GEMV (no FMA) for each row of A: Y[r, j] = sum_k B[k, j]
+    A[r, k] in blocks of ``block`` k (tfgrad._tf.conv2d.gemv_block), each a mul-then-add
+    chain from 0, added to Y[r, j] (Y zeroed by the caller). B [K, N] C-contiguous: a
+    block's chains advance for all j at once, one k at a time (vectorised across outputs;
+    each output's order Eigen's)."""
     K, N = B.shape
-    block = K if K < 128 else (16 if N * 4 < 32000 else 4)
     zero = np.float32(0.0)
-    for s in range(0, K, block):
-        for j in range(N):
-            c = zero
+    for r in prange(A.shape[0]):
+        fz = ftz_enter()
+        c = np.empty(N, np.float32)
+        for s in range(0, K, block):
+            for j in range(N):
+                c[j] = zero
             for k in range(s, min(K, s + block)):
-                c = c + B[k, j] * a[k]
-            y[j] = y[j] + c
-    ftz_exit(fz)
+                ak = A[r, k]
+                for j in range(N):
+                    c[j] = c[j] + B[k, j] * ak
+            for j in range(N):
+                Y[r, j] = Y[r, j] + c[j]
+        ftz_exit(fz)
+
+
+eigen_gemv = Twins(_eigen_gemv)
