@@ -152,18 +152,48 @@ def test_torch_second_order_runs():
     assert g2.shape == (2, 9) and torch.isfinite(g2).all()
 
 
-def test_jax_gradient_near_tf():
-    """JAX differentiates its native formula (XLA's exp): close to TF, not TF's bits."""
+def _composite(y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """TF's _SoftmaxGrad on tfgrad's NumPy ops: (g - Sum(g * y, -1, keep_dims)) * y."""
+    s = raw_ops.Sum(input=g * y, axis=[y.ndim - 1], keep_dims=True)
+    return (g - s) * y
+
+
+@pytest.mark.parametrize("shape", [(32, 10), (13, 7), (2, 3, 17), (2, 8200)])
+def test_jax_exact_gradient_is_tf_tape(shape):
+    """Reverse mode on JAX's exact path is TF's _SoftmaxGrad composite on tfgrad's Sum
+    (the linearisation's transpose), eager and under jit; forward mode still works."""
+    jax = pytest.importorskip("jax")
+    import tfgrad.jax as tj
+
+    rng = np.random.default_rng(len(shape) + 7)
+    x = logits(rng, shape)
+    g = rng.standard_normal(shape).astype(F32)
+    y = raw_ops.Softmax(logits=x)
+    want = _tf_grad(x, g) if oracle.tensorflow() is not None else _composite(y, g)
+    assert bits(_composite(y, g)) == bits(want)
+    with tj.use_impl("exact"):
+        _, vjp = jax.vjp(tj.softmax, x)
+        assert bits(np.asarray(vjp(g)[0])) == bits(want)
+        jitted = jax.jit(lambda v, c: jax.vjp(tj.softmax, v)[1](c)[0])
+        assert bits(np.asarray(jitted(x, g))) == bits(want)
+        _, tangent = jax.jvp(tj.softmax, (x,), (g,))  # (the Jacobian is symmetric)
+    assert np.allclose(np.asarray(tangent), want, rtol=1e-5, atol=1e-6)
+
+
+def test_jax_native_gradient_near_tf():
+    """The native path differentiates through XLA's exp: close to TF, not TF's bits."""
     jax = pytest.importorskip("jax")
     import tfgrad.jax as tj
 
     x = logits(np.random.default_rng(2), (8, 10))
-    softmax = lambda v: tj.raw_ops.Softmax(logits=v)  # noqa: E731
     g = np.random.default_rng(3).standard_normal((8, 10)).astype(F32)
-    _, vjp = jax.vjp(softmax, x)
-    (got,) = vjp(g)
+    with tj.use_impl("native"):
+        _, vjp = jax.vjp(tj.softmax, x)
+        (got,) = vjp(g)
+        (second,) = jax.grad(lambda v: jax.vjp(tj.softmax, v)[1](g)[0].sum())(x)[None]
     want = _tf_grad(x, g) if oracle.tensorflow() is not None else np.asarray(got)
     assert np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(np.asarray(second)).all()
 
 
 @pytest.mark.live

@@ -308,7 +308,8 @@ LINEARISED: dict[str, Linearised] = {
     # <softmax>
     # TF's _SoftmaxGrad: (grad - Sum(grad * softmax, -1, keep_dims)) * softmax, a composite
     # of TF ops. The portable torch implementation's vjp is that composite on tfgrad's
-    # Softmax and Sum (TF's bits on CPU); the JAX native one differentiates jnp's formula.
+    # Softmax and Sum (TF's bits on CPU). tfgrad.jax runs the composite itself as the
+    # linearisation's transpose (tfgrad.jax._primitives._COMPOSITES).
     "Softmax": Linearised(("logits",), ("softmax",)),
     # </softmax>
     # <cwise>

@@ -241,7 +241,7 @@ def sparse_softmax_cross_entropy_with_logits(features: Any, labels: Any, *,
 
 def softmax(logits: Any, *, name: str | None = None) -> jax.Array:
     """``tfgrad.softmax`` in JAX (over the last axis); backward: TF's _SoftmaxGrad
-    composite, differentiated through the native code (not TF's bits: XLA's exp)."""
+    composite on tfgrad's Sum (TF's bits on the exact path)."""
     return raw_ops.Softmax(logits=logits)
 
 

@@ -26,7 +26,9 @@ Per op two primitives, created on first use:
 
 Ops in :data:`tfgrad._gradients.LINEARISED` (the batch-norm gradients,
 ``FractionalAvgPoolGrad``) take their tangents from ``jax.jvp`` of their native
-implementation, which JAX transposes itself, as TF differentiates its composite. Ops with
+implementation, which JAX transposes itself, as TF differentiates its composite; except
+those whose TF gradient is a composite of ops (Softmax: :data:`_COMPOSITES`), whose
+linearisation transposes to that composite on this module's ops. Ops with
 no gradient in TF raise ``LookupError`` when a tangent reaches one of their float inputs.
 """
 
@@ -358,7 +360,7 @@ def _op_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: OpCall,
     if not _gradients.has_gradient(call.op):
         raise _no_gradient(call.op)
     index = {n: i for i, n in enumerate(call.names)}
-    if call.op in _gradients.LINEARISED:
+    if call.op in _gradients.LINEARISED and call.op not in _COMPOSITES:
         lin = _gradients.LINEARISED[call.op]
         tans = [n for n in live if n in lin.inputs]
         douts: Sequence[str] = lin.outputs
@@ -382,12 +384,10 @@ def _op_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: OpCall,
         _, touts = jax.jvp(restricted, [primals[index[n]] for n in tans],
                            [tangents[index[n]] for n in tans])
     else:
-        calls = _gradients.calls(call.op, dict(call.attrs))
-        gives = {k for c in calls for k in c.gives}
+        gives, used = _uses(call)
         tans = [n for n in live if n in gives]
         if not tans:
             return outs, tangents_out
-        used = [(s.kind, s.name) for c in calls for s in c.args.values()]
         douts = tuple(n for n in out_names if ("grad", n) in used)
         saved = tuple(n for n in out_names if ("output", n) in used)
         lin = Linearisation(call, saved, tuple(tans), douts)
@@ -415,10 +415,51 @@ def _run_native(op_name: str, operands: dict, static: dict, attrs: dict, impl: s
     return dict(zip((o.name for o in op.outputs), outs))
 
 
+def _softmax_grad(xs: dict, outs: dict, cts: dict, impl: str, run: Runner) -> dict[str, Any]:
+    """TF's _SoftmaxGrad (nn_grad.py), a composite of TF ops: ``(grad - Sum(grad *
+    softmax, -1, keep_dims)) * softmax``, on tfgrad's Sum; the last product rounded
+    before anything consumes it (no FMA with a later add)."""
+    y, g = outs["softmax"], cts["softmax"]
+    s = run("Sum", {"input": g * y}, {"axis": (y.ndim - 1,)}, {"keep_dims": True},
+            impl)["output"]
+    return {"logits": _rounded((g - s) * y)}
+
+
+@dataclass(frozen=True)
+class _Composite:
+    """A gradient TF writes as a composite of ops rather than as gradient ops."""
+
+    fn: Callable[[dict, dict, dict, str, Runner], dict[str, Any]]
+    gives: tuple[str, ...]
+    reads: tuple[tuple[str, str], ...]
+    """(kind, name): the forward outputs and incoming gradients it reads."""
+
+
+_COMPOSITES = {
+    "Softmax": _Composite(_softmax_grad, ("logits",), (("output", "softmax"),
+                                                       ("grad", "softmax"))),
+}
+"""Reverse mode of these ops is TF's composite, through the linearisation primitive as the
+table's gradient ops are (the op table's LINEARISED entry serves torch's portable vjp)."""
+
+
+def _uses(call: OpCall) -> tuple[set[str], list[tuple[str, str]]]:
+    """The inputs TF's gradient gives gradients of, and what it reads."""
+    comp = _COMPOSITES.get(call.op)
+    if comp is not None:
+        return set(comp.gives), list(comp.reads)
+    calls = _gradients.calls(call.op, dict(call.attrs))
+    return ({k for c in calls for k in c.gives},
+            [(s.kind, s.name) for c in calls for s in c.args.values()])
+
+
 def _gradient(call: OpCall, xs: dict, outs: dict, cts: dict, want: Sequence[str],
               run: Runner = bind) -> dict[str, Any]:
     """TF's gradient function: the gradient ops ``calls(op, attrs)`` name, with the forward
     inputs ``xs``, outputs ``outs`` and the outputs' cotangents ``cts`` (unbatched)."""
+    comp = _COMPOSITES.get(call.op)
+    if comp is not None:
+        return {k: v for k, v in comp.fn(xs, outs, cts, call.impl, run).items() if k in want}
     attrs = dict(call.attrs)
     grads = {}
     for c in _gradients.calls(call.op, attrs):
