@@ -1,7 +1,8 @@
 """One training step of a tfmot QAT MobileNetV2 (alpha 0.35, 32x32, 10 classes; with
 ``--smoke`` the small CNN of tfgrad.testing.qat): tfmot's
 own step in TF (a tf.function: forward, GradientTape, SGD) against the same model loaded
-by tfgrad.torch.qat (eager and torch.compile) and tfgrad.jax.qat (jit).
+by tfgrad.torch.qat (eager: one autograd node per forward, and layer by layer; and
+torch.compile) and tfgrad.jax.qat (jit).
 
     python benchmarks/qat_step.py [--smoke] [--batch 32] [--json FILE]
 
@@ -75,8 +76,10 @@ def torch_rows(path: str, batch: int, warm: int, n: int, compiled: bool) -> dict
     x, c = (torch.from_numpy(a) for a in _batch(path, batch))
     lr = torch.tensor(0.05)
     rows = {}
-    for name in ("eager", "compiled") if compiled else ("eager",):
+    names = ("eager", "eager, layer by layer", "compiled") if compiled else ("eager",)
+    for name in names:
         m = tq.load_keras(path).train()
+        m.fused = name != "eager, layer by layer"  # (compiled: layer by layer anyway)
         run = torch.compile(m) if name == "compiled" else m
 
         def step(run: Callable = run, m: torch.nn.Module = m) -> None:

@@ -22,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import tfgrad  # noqa: E402
 import tfgrad.jax.qat as jq  # noqa: E402
 from tfgrad.qat import KerasFileError, Quantizer  # noqa: E402
+from tfgrad.qat._ranges import updated_range  # noqa: E402
 from tfgrad.testing import qat as models  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,22 +168,30 @@ def test_variables_are_keras_weights(saved: dict) -> None:
     assert jax.tree.structure(g) == jax.tree.structure(params)
 
 
+def _moving_average(var: jax.Array, v: jax.Array) -> jax.Array:
+    """The moving-average quantizer's new min for a batch min ``v <= 0``: tfgrad.qat's
+    shared range update on tfgrad.jax.qat's fenced operations."""
+    q = Quantizer("moving_average", 8, True, False, False, "a", "b", (1,), (-6.0, 6.0))
+    zero = jnp.zeros((), jnp.float32)
+    return updated_range(q, var, var, v, v, zero, jq._EMA, jq._JAX_OPS)[0]
+
+
 def test_moving_average_is_not_contracted() -> None:
     """tfmot's ``var - (var - v) * float32(1 - 0.999)``, each operation rounded, under jit.
     XLA's CPU compiler contracts the multiply and the subtraction into an FMA (measured:
     hundreds of differences in 100,000 pairs); the quantizer's fence keeps every bit."""
     rng = np.random.default_rng(0)
     var = (rng.standard_normal(100_000) * 3).astype(np.float32)
-    v = (rng.standard_normal(100_000) * 3).astype(np.float32)
+    v = -np.abs(rng.standard_normal(100_000) * 3).astype(np.float32)
     d = np.float32(1.0 - 0.999)
     want = var - (var - v) * d
-    got = np.asarray(jax.jit(jq._moving_average)(var, v))
+    got = np.asarray(jax.jit(_moving_average)(var, v))
     np.testing.assert_array_equal(got, want)
     plain = np.asarray(jax.jit(lambda a, b: a - (a - b) * d)(var, v))
     assert (plain != want).any(), "XLA no longer contracts: the fence may be dropped"
-    mapped = jax.jit(jax.vmap(jq._moving_average))  # the fence is elementwise: vmap keeps it
+    mapped = jax.jit(jax.vmap(_moving_average))  # the fence is elementwise: vmap keeps it
     np.testing.assert_array_equal(np.asarray(mapped(var, v)), want)
-    scalar = jax.jit(jq._moving_average)
+    scalar = jax.jit(_moving_average)
     for i in range(300):  # scalars, as the quantizers' ranges are
         assert np.asarray(scalar(var[i], v[i])) == want[i], i
 

@@ -76,6 +76,7 @@ from jax import lax
 
 from .. import qat as _qat
 from ..qat import KerasFileError, Node, Plan, Quantizer, Weight
+from ..qat._ranges import RangeOps, updated_range
 from . import depthwise_conv2d_native as _depthwise
 from . import fake_quant_with_min_max_vars as _fq
 from . import fake_quant_with_min_max_vars_per_channel as _fq_pc
@@ -107,13 +108,11 @@ def _divide(x: Any, divisor: Any) -> Any:
     return x / jnp.where(x == x, jnp.asarray(divisor, x.dtype), jnp.ones((), x.dtype))
 
 
-def _moving_average(var: Any, value: Any) -> Any:
-    """tfmot's ``assign_moving_average(var, value, 0.999, zero_debias=False)``:
-    ``var - (var - value) * float32(1 - 0.999)``, each operation rounded to float32."""
-    return var - _times(var - value, _EMA)
-
-
 # --- quantizers -------------------------------------------------------------------------
+
+# (the products and the division by the symmetric ratio fenced: no FMA, no reciprocal)
+_JAX_OPS = RangeOps(jnp.minimum, jnp.maximum, _divide, _times)
+
 
 def _range_attrs(node: Node, q: Quantizer) -> tuple[str, str]:
     """The Keras attribute names of a quantizer's two range variables in its node."""
@@ -142,27 +141,13 @@ def quantize(q: Quantizer, x: jax.Array, lo: jax.Array, hi: jax.Array, training:
     if training:
         xs = lax.stop_gradient(x)
         bmin, bmax = _batch_range(q, xs)
-        zero = jnp.zeros((), xs.dtype)
-        ratio = -1.0 if q.narrow_range else -((1 << q.num_bits) - 2) / (1 << q.num_bits)
-        if q.kind == "all_values":
-            if axis_name is not None:  # the global batch's range: identical replicas
-                bmin, bmax = lax.pmin(bmin, axis_name), lax.pmax(bmax, axis_name)
-            if q.symmetric:  # tfmot updates batch_min first, then uses it
-                bmin = jnp.minimum(bmin, _divide(bmax, ratio))
-                bmax = jnp.maximum(bmax, _times(bmin, ratio))
-            new_lo = jnp.minimum(jnp.minimum(lo, bmin), zero)
-            new_hi = jnp.maximum(jnp.maximum(hi, bmax), zero)
-        else:
-            if q.symmetric:
-                new_lo = jnp.minimum(bmin, _divide(bmax, ratio))
-                new_hi = jnp.maximum(bmax, _times(bmin, ratio))
-            else:
-                new_lo, new_hi = jnp.minimum(bmin, zero), jnp.maximum(bmax, zero)
-            if q.kind == "moving_average":
-                if axis_name is not None:  # tf.distribute MEAN-reduces the new value first
-                    new_lo, new_hi = lax.pmean((new_lo, new_hi), axis_name)
-                new_lo = _moving_average(lo, new_lo)
-                new_hi = _moving_average(hi, new_hi)
+        ops = _JAX_OPS
+        if axis_name is not None:  # all values: the global batch's range (identical
+            ops = ops._replace(  # replicas); moving averages: the mean of the new values
+                global_range=lambda a, b: (lax.pmin(a, axis_name), lax.pmax(b, axis_name)),
+                replica_mean=lambda a, b: lax.pmean((a, b), axis_name))
+        new_lo, new_hi = updated_range(q, lo, hi, bmin, bmax, jnp.zeros((), xs.dtype), _EMA,
+                                       ops)
         lo, hi = lax.stop_gradient(new_lo), lax.stop_gradient(new_hi)
     else:
         lo, hi = lax.stop_gradient(lo), lax.stop_gradient(hi)
@@ -338,24 +323,10 @@ def _tf_mean(x: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
     return _raw.Mean(input=x, axis=list(axes), keep_dims=keepdims)
 
 
-@jax.custom_vjp
 def _tf_softmax(x: jax.Array) -> jax.Array:
-    """tf.nn.softmax over the last axis: TF's Softmax op; its gradient TF's _SoftmaxGrad
-    composite, ``(g - Sum(g * y, -1, keepdims)) * y``, on TF's Sum, each product rounded."""
+    """tf.nn.softmax over the last axis: TF's Softmax op, whose reverse mode in tfgrad.jax
+    is TF's _SoftmaxGrad composite on TF's Sum, ``(g - Sum(g * y, -1, keepdims)) * y``."""
     return _raw.Softmax(logits=x)
-
-
-def _tf_softmax_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    y = _raw.Softmax(logits=x)
-    return y, y
-
-
-def _tf_softmax_bwd(y: jax.Array, g: jax.Array) -> tuple[jax.Array]:
-    s = _raw.Sum(input=_times(g, y), axis=[y.ndim - 1], keep_dims=True)
-    return (_times(g - s, y),)
-
-
-_tf_softmax.defvjp(_tf_softmax_fwd, _tf_softmax_bwd)
 
 
 def _tf_activate(x: jax.Array, name: str) -> jax.Array:

@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import qat as _qat
-from ..qat import KerasFileError, Node, Plan, Quantizer
+from ..qat import KerasFileError, Node, Plan, Quantizer, _exec
+from ..qat._ranges import RangeOps, updated_range
 from ._functions import FUNCTIONS
+from ._ops import plain_eager
 
 _fq = FUNCTIONS["fake_quant_with_min_max_vars"]
 _fq_pc = FUNCTIONS["fake_quant_with_min_max_vars_per_channel"]
@@ -77,6 +79,7 @@ def _replica_mean(v: torch.Tensor) -> torch.Tensor:
 
 
 _ZERO = torch.zeros((), dtype=torch.float32)
+_TORCH_OPS = RangeOps(torch.minimum, torch.maximum)
 
 
 def _zero(x: torch.Tensor) -> torch.Tensor:
@@ -111,26 +114,10 @@ class RangeQuantizer(nn.Module):
         if self.training:
             with torch.no_grad():
                 bmin, bmax = self._batch_range(x)
-                zero = _zero(x)
-                ratio = -1.0 if q.narrow_range else -((1 << q.num_bits) - 2) / (1 << q.num_bits)
-                if q.kind == "all_values":
-                    if q.symmetric:  # tfmot updates batch_min first, then uses it
-                        bmin = torch.minimum(bmin, bmax / ratio)
-                        bmax = torch.maximum(bmax, bmin * ratio)
-                    lo = torch.minimum(torch.minimum(mn, bmin), zero)
-                    hi = torch.maximum(torch.maximum(mx, bmax), zero)
-                else:
-                    if q.symmetric:
-                        lo = torch.minimum(bmin, bmax / ratio)
-                        hi = torch.maximum(bmax, bmin * ratio)
-                    else:
-                        lo, hi = torch.minimum(bmin, zero), torch.maximum(bmax, zero)
-                    if q.kind == "moving_average":
-                        d = _EMA if x.is_cpu else _EMA.to(x.device)
-                        if _distributed():
-                            lo, hi = _replica_mean(lo), _replica_mean(hi)
-                        lo = mn - (mn - lo) * d
-                        hi = mx - (mx - hi) * d
+                ema = _EMA if x.is_cpu else _EMA.to(x.device)
+                ops = _TORCH_OPS if not _distributed() else _TORCH_OPS._replace(
+                    replica_mean=lambda lo, hi: (_replica_mean(lo), _replica_mean(hi)))
+                lo, hi = updated_range(q, mn, mx, bmin, bmax, _zero(x), ema, ops)
                 mn.copy_(lo)
                 mx.copy_(hi)
         if q.per_axis:
@@ -418,13 +405,79 @@ def _pool(x: torch.Tensor, cfg: Any, is_max: bool, exact: bool = False) -> torch
     return y.permute(0, 2, 3, 1)
 
 
+def _minmax(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
+    """RangeQuantizer._batch_range on a NumPy array (torch's aminmax: the same zeros)."""
+    t = torch.from_numpy(x)
+    if per_axis:
+        if t.dim() < 2:
+            return x, x
+        lo, hi = torch.aminmax(t.reshape(-1, t.shape[-1]), dim=0)
+    else:
+        lo, hi = torch.aminmax(t)
+    return lo.numpy(), hi.numpy()
+
+
+def _replica_mean_np(v: np.ndarray) -> np.ndarray:
+    return _replica_mean(torch.from_numpy(np.array(v, np.float32))).numpy()
+
+
+def _own(g: np.ndarray | None, seen: set[int]) -> torch.Tensor | None:
+    """A gradient as a tensor no other gradient shares (torch may keep it as .grad and
+    add into it)."""
+    if g is None:
+        return None
+    if not g.flags.owndata or id(g) in seen:
+        g = g.copy()
+    seen.add(id(g))
+    return torch.from_numpy(g)
+
+
+class _Fused(torch.autograd.Function):
+    """A whole forward of the exact path as one autograd node (tfgrad.qat._exec)."""
+
+    @staticmethod
+    def forward(ctx: Any, run: Any, n_in: int, *tensors: torch.Tensor) -> Any:
+        outs, tape, slots, keys = run(tensors)
+        ctx.tape, ctx.slots, ctx.keys, ctx.n_in = tape, slots, keys, n_in
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> Any:
+        tape, slots, n_in = ctx.tape, ctx.slots, ctx.n_in
+        out_slots = slots[n_in:]
+        given = {}
+        for s, g in zip(out_slots, grads):
+            if g is not None:
+                given[s] = np.ascontiguousarray(g.detach().numpy(), np.float32)
+        g = tape.backward(given)
+        ctx.tape = None
+        seen: set[int] = set()
+        result = [_own(g[s], seen) if ctx.needs_input_grad[2 + k] else None
+                  for k, s in enumerate(slots[:n_in])]
+        result += [_own(g[s], seen) if ctx.needs_input_grad[2 + n_in + k] else None
+                   for k, s in enumerate(ctx.keys)]
+        return (None, None, *result)
+
+
 class KerasModel(nn.Module):
-    """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan."""
+    """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan.
+
+    ``fused`` (on by default where the exact path can): an eager call on CPU float32
+    tensors runs the whole model as one program of TF's ops on NumPy arrays and one
+    autograd node whose backward is TF's gradient (``tfgrad.qat._exec``): the same bits as
+    the layer-by-layer path, without torch's per-op machinery. Calls under
+    ``torch.compile``, tracing, autocast, functorch transforms, hooks on the layers, or
+    with dropout while training run layer by layer."""
 
     def __init__(self, plan: Plan, exact: bool = True):
         super().__init__()
         self.plan = plan
         self.exact = exact
+        self._program = (_exec.Program(plan) if exact and _exec.unsupported(plan) is None
+                         else None)
+        self.fused = self._program is not None
+        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray]] = {}
         self.layers = nn.ModuleDict()
         # the graph walk, worked out once: (node name, module key, input names)
         self._walk: list[tuple[str, str, tuple[str, ...]]] = []
@@ -433,6 +486,13 @@ class KerasModel(nn.Module):
                 self.layers[_key(node.name)] = Layer(node, exact)
                 self._walk.append((node.name, _key(node.name), node.inputs))
         self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
+        self._quantizers = {
+            key: [(w, q) for w, q in (
+                *((a, layer.weight_quantizers[a]) for a in layer.weight_quantizers),
+                ("pre_activation", layer.pre_activation),
+                ("post_activation", layer.post_activation), ("output", layer.output))
+                if q is not None]
+            for key, layer in self.layers.items()}
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
@@ -445,10 +505,102 @@ class KerasModel(nn.Module):
                 raise ValueError(f"input {name!r}: expected shape {list(shape)} (None: any "
                                  f"size; NHWC), got {list(x.shape)}")
             values[name] = x
+        if self.fused and self._program is not None and not torch.compiler.is_compiling():
+            outs = self._fused(inputs)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else list(outs)
         for name, key, sources in self._walk:
             values[name] = self.layers[key](*[values[i] for i in sources])
         outs = [values[o] for o in self.plan.outputs]
         return outs[0] if len(outs) == 1 else outs
+
+    def _view(self, t: torch.Tensor | None) -> np.ndarray | None:
+        """A CPU float32 tensor's memory as a NumPy array (kept while the tensor holds the
+        same memory: an optimizer updates in place), else None."""
+        if t is None or t.dtype != torch.float32 or not t.is_cpu:
+            return None
+        ptr = t.data_ptr()
+        hit = self._views.get(id(t))
+        if hit is not None and hit[0] is t and hit[1] == ptr and hit[2].shape == t.shape:
+            return hit[2]
+        a = t.detach().numpy()
+        if len(self._views) > 4096:
+            self._views.clear()
+        self._views[id(t)] = (t, ptr, a)
+        return a
+
+    def _fused(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """The forward as one program (see the class docstring), or None where it must run
+        layer by layer."""
+        if not plain_eager() or any(
+                type(x) is not torch.Tensor or not x.is_cpu or x.dtype != torch.float32
+                or x.layout is not torch.strided for x in inputs):
+            return None
+        if (nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks
+                or nn.modules.module._global_backward_hooks
+                or nn.modules.module._global_backward_pre_hooks):
+            return None
+        arrays: dict[tuple[str, str], np.ndarray] = {}
+        trainable: dict[tuple[str, str], bool] = {}
+        training: dict[str, bool] = {}
+        params: list[torch.Tensor] = []
+        keys: list[tuple[str, str]] = []
+        view = self._view
+        for name, key, _ in self._walk:
+            layer = self.layers[key]
+            if (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
+                    or layer._backward_pre_hooks):
+                return None
+            training[name] = layer.training
+            for attr, p in layer._parameters.items():
+                a = view(p)
+                if a is None:
+                    return None
+                arrays[name, attr] = a
+                if p.requires_grad:
+                    trainable[name, attr] = True
+                    params.append(p)
+                    keys.append((name, attr))
+            for attr, t in layer._buffers.items():
+                if attr != "optimizer_step":
+                    a = view(t)
+                    if a is None:
+                        return None
+                    arrays[name, attr] = a
+            for where, q in self._quantizers[key]:
+                if (q._forward_hooks or q._forward_pre_hooks or q._backward_hooks
+                        or q._backward_pre_hooks):
+                    return None
+                training[f"{name}/{where}"] = q.training
+                lo, hi = view(q.min), view(q.max)
+                if lo is None or hi is None:
+                    return None
+                arrays[name, where + "_min"] = lo
+                arrays[name, where + "_max"] = hi
+        program = self._program
+        assert program is not None
+        if not program.runs(training):
+            return None
+        state = _exec.State(arrays, trainable, training)
+        grad = torch.is_grad_enabled() and (bool(params) or any(x.requires_grad for x in inputs))
+        xs = [x.detach().numpy() for x in inputs]
+        need = [x.requires_grad for x in inputs]
+
+        def run(_: Any) -> tuple[list[torch.Tensor], Any, list[int], list]:
+            outs, tape, leaves, slots = program.forward(
+                xs, state, grad, need, _minmax,
+                _replica_mean_np if _distributed() else None)
+            tensors = []
+            for o in outs:
+                if any(np.may_share_memory(o, x) for x in xs):
+                    o = o.copy()  # (never an input's memory)
+                tensors.append(torch.from_numpy(o))
+            return tensors, tape, slots, [leaves[k] for k in keys]
+
+        if not grad:
+            return tuple(run(None)[0])
+        return _Fused.apply(run, len(inputs), *inputs, *params)
 
     def keras_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
         """Every weight as tf_keras names it, by layer, in the file's order."""

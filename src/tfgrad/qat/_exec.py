@@ -1,0 +1,470 @@
+"""A QAT model's exact path as one program of TF's ops on NumPy arrays, and its gradient.
+
+:class:`Program` runs a plan's layers as ``tfgrad.torch.qat``'s exact path runs them, op for
+op (the quantizers' range updates in float32, fake quantization, Conv2D, depthwise
+convolution, batch norm, MatMul, BiasAdd, Relu/Relu6, Mean, pooling, Softmax, adds, pads,
+concatenations, reshapes), recording each op on a tape; :meth:`Tape.backward` replays the
+tape in reverse with TF's gradient functions: the gradient ops of
+:data:`tfgrad._gradients.GRADIENTS`, TF's composites for Mean (the gradient broadcast and
+divided by the float32 count) and Softmax (``(g - Sum(g * y, -1)) * y``), a gradient
+reaching a tensor from several consumers added in the order they arrive (the reverse of
+the forward, as torch's engine adds them). A framework wraps a whole training step in one
+autograd node around it, and pays the Python of one call per op instead of its own
+machinery per op (``tfgrad.torch.qat``: ``KerasModel.fused``).
+
+Layers it does not run (2-D batch norm, dilated Conv2D, separable convolutions, other
+activations, dropout while training): :func:`unsupported` names the first; the framework
+then runs the model layer by layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _api, _gradients
+from .._opdefs import OPS
+from .._opdefs._types import REQUIRED
+from .._tf.fpenv import flushed
+from ._plan import Node, Plan, Quantizer, _padding2d
+from ._ranges import RangeOps, updated_range
+
+F32 = np.float32
+_EMA = F32(1.0 - 0.999)  # float32(1 - 0.999), as assign_moving_average converts it
+_ACTIVATIONS = ("linear", "noop", "relu", "relu6", "softmax")
+MinMax = Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]]
+"""The batch's range: reduce_min / reduce_max over all axes, or per last axis."""
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def unsupported(plan: Plan) -> str | None:
+    """Why the program cannot run this plan (its first such layer), or None."""
+    for n in plan.nodes:
+        kind, cfg = n.kind, n.config
+        why = None
+        if kind in ("InputLayer", "QuantizeLayer", "Add", "Concatenate", "ZeroPadding2D",
+                    "AveragePooling2D", "MaxPooling2D", "GlobalAveragePooling2D",
+                    "Dropout", "Flatten", "Reshape"):
+            pass
+        elif kind == "Conv2D":
+            if _pair(cfg.get("dilation_rate", 1)) != (1, 1):
+                why = "a dilated Conv2D"
+        elif kind == "DepthwiseConv2D":
+            pass
+        elif kind == "Dense":
+            if len(n.input_shapes[0]) != 2:
+                why = "a Dense layer on a tensor of rank above 2"
+        elif kind == "BatchNormalization":
+            if len(n.input_shapes[0]) != 4:
+                why = "a batch norm of rank 2"
+        elif kind == "ReLU":
+            mx = cfg.get("max_value")
+            if mx is not None and float(mx) != 6.0:
+                why = "a ReLU with max_value other than 6"
+        elif kind == "Softmax":
+            if int(cfg.get("axis", -1)) not in (-1, len(n.output_shape) - 1):
+                why = "a softmax over another axis than the last"
+        elif kind != "Activation":
+            why = f"a {kind} layer"
+        if why is None and n.activation not in _ACTIVATIONS:
+            why = f"the activation {n.activation!r}"
+        if why is not None:
+            return f"layer {n.name!r}: {why}"
+    return None
+
+
+def _defaults(op_name: str) -> dict[str, Any]:
+    return {a.name: a.default for a in OPS[op_name].attrs if a.default is not REQUIRED}
+
+
+_DEFAULTS = {name: _defaults(name) for name in OPS}
+
+
+_NUMPY_OPS = RangeOps(np.minimum, np.maximum)
+
+
+def _numpy_minmax(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
+    if per_axis:
+        if x.ndim < 2:
+            return x, x
+        r = x.reshape(-1, x.shape[-1])
+        return r.min(axis=0), r.max(axis=0)
+    return np.asarray(x.min()), np.asarray(x.max())
+
+
+@dataclass
+class Tape:
+    """The values of one forward and the ops between them (slots: indices of ``values``)."""
+
+    values: list[np.ndarray]
+    records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]]
+    needs: list[bool]
+    """Whether a gradient must reach the slot (it leads to a leaf that wants one)."""
+
+    def backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
+        """The gradient of every slot (None where none reaches it), from the outputs'."""
+        g: list[np.ndarray | None] = [None] * len(self.values)
+        for slot, v in grads.items():
+            g[slot] = v
+        vals, needs = self.values, self.needs
+
+        def add(slot: int, v: np.ndarray) -> None:
+            if needs[slot]:
+                old = g[slot]
+                g[slot] = v if old is None else old + v
+
+        for name, ins, attrs, outs in reversed(self.records):
+            gouts = [g[s] for s in outs]
+            if all(x is None for x in gouts):
+                continue
+            if name == "add":  # y = a + b + ...: each operand gets the gradient
+                for s in ins.values():
+                    add(s, gouts[0])
+            elif name == "pad":
+                (t, b), (lf, r) = attrs["pads"]
+                y = gouts[0]
+                add(ins["x"], y[:, t:y.shape[1] - b, lf:y.shape[2] - r, :])
+            elif name == "concat":
+                axis, at = attrs["axis"], 0
+                for s in ins.values():
+                    n = vals[s].shape[axis]
+                    add(s, np.take(gouts[0], np.arange(at, at + n), axis=axis))
+                    at += n
+            elif name == "reshape":
+                add(ins["x"], gouts[0].reshape(vals[ins["x"]].shape))
+            elif name == "Mean":  # TF's _MeanGrad: broadcast, divided by float32(count)
+                x = vals[ins["input"]]
+                y = vals[outs[0]]
+                count = F32(x.size // max(1, y.size))
+                keep = [1 if a in attrs["axis"] else d for a, d in enumerate(x.shape)]
+                add(ins["input"], np.ascontiguousarray(
+                    np.broadcast_to(gouts[0].reshape(keep) / count, x.shape)))
+            elif name == "Softmax":  # TF's _SoftmaxGrad on TF's Sum, flushed as TF's FTZ
+                y, gy = vals[outs[0]], gouts[0]
+                s = _op("Sum", {"input": flushed(gy * y), "axis": [y.ndim - 1],
+                                "keep_dims": True})
+                add(ins["logits"], flushed(flushed(gy - s) * y))
+            else:
+                self._gradient(name, ins, attrs, outs, gouts, add)
+        return g
+
+    def _gradient(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
+                  outs: tuple[int, ...], gouts: list[Any], add: Callable) -> None:
+        """TF's gradient function of a raw op: the table's gradient calls."""
+        vals, needs = self.values, self.needs
+        for grad_op, gives, sources, attr_names, fixed in _grad_plan(name, attrs):
+            if not any(k in ins and needs[ins[k]] for k, _ in gives):
+                continue
+            if grad_op == "Identity":  # (BiasAdd's value: the gradient itself)
+                for k, _ in gives:
+                    add(ins[k], gouts[sources[0][3]])
+                continue
+            args: dict[str, Any] = dict(_DEFAULTS[grad_op])
+            for arg, kind, src, k in sources:
+                if kind == "grad":
+                    v = gouts[k]
+                    args[arg] = v if v is not None else np.zeros_like(vals[outs[k]])
+                elif kind == "shape":
+                    args[arg] = list(vals[ins[src]].shape)
+                elif kind == "input":
+                    args[arg] = vals[ins[src]]
+                else:
+                    args[arg] = vals[outs[k]]
+            for n in attr_names:
+                args[n] = attrs[n]
+            args.update(fixed)
+            res = _op(grad_op, args)
+            res = res if isinstance(res, tuple) else (res,)
+            for k, r in gives:
+                if k in ins:
+                    add(ins[k], res[r])
+
+
+_PLANS: dict[tuple, list] = {}
+_WHEN = {name: tuple(sorted({k for c in calls for k in c.when}))
+         for name, calls in _gradients.GRADIENTS.items()}
+
+
+def _grad_plan(name: str, attrs: dict[str, Any]) -> list:
+    """The gradient calls of op ``name`` with these attrs, worked out once per value of
+    the attrs that choose them: (gradient op, [(forward input, its output index)],
+    [(argument, source kind, source name, output index)], forward attrs it takes,
+    attrs it fixes)."""
+    key = (name, *(attrs[k] for k in _WHEN.get(name, ())))
+    plan = _PLANS.get(key)
+    if plan is None:
+        out_names = [o.name for o in OPS[name].outputs]
+        plan = []
+        for c in _gradients.calls(name, attrs):
+            grad_outs = [o.name for o in OPS[c.op].outputs]
+            sources = [(arg, src.kind, src.name,
+                        out_names.index(src.name) if src.kind in ("grad", "output") else -1)
+                       for arg, src in c.args.items()]
+            taken = [a.name for a in OPS[c.op].attrs if a.name not in c.fixed]
+            plan.append((c.op, [(k, grad_outs.index(o)) for k, o in c.gives.items()],
+                         sources, taken, dict(c.fixed)))
+        _PLANS[key] = plan
+    return plan
+
+
+def _op(name: str, args: dict[str, Any]) -> Any:
+    """tfgrad's raw op on NumPy arrays: an array, or a tuple of them."""
+    return _api.run(OPS[name], args)
+
+
+class _Run:
+    """One forward: values, and the tape when a gradient is wanted."""
+
+    def __init__(self, grad: bool, minmax: MinMax,
+                 replica_mean: Callable[[np.ndarray], np.ndarray] | None):
+        self.values: list[np.ndarray] = []
+        self.needs: list[bool] = []
+        self.records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]] = []
+        self.grad = grad
+        self.minmax = minmax
+        self.range_ops = _NUMPY_OPS if replica_mean is None else _NUMPY_OPS._replace(
+            replica_mean=lambda lo, hi: (replica_mean(lo), replica_mean(hi)))
+
+    def leaf(self, v: np.ndarray, needs: bool = False) -> int:
+        self.values.append(v)
+        self.needs.append(needs and self.grad)
+        return len(self.values) - 1
+
+    def _record(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
+                outs: Sequence[np.ndarray]) -> tuple[int, ...]:
+        needs = self.grad and any(self.needs[s] for s in ins.values())
+        slots = []
+        for o in outs:
+            self.values.append(o)
+            self.needs.append(needs)
+            slots.append(len(self.values) - 1)
+        if needs:
+            self.records.append((name, ins, attrs, tuple(slots)))
+        return tuple(slots)
+
+    def op(self, name: str, ins: dict[str, int], **attrs: Any) -> tuple[int, ...]:
+        """Run raw op ``name`` (inputs by slot; attrs and shape inputs as given, the rest
+        TF's defaults); its outputs' slots."""
+        full = {**_DEFAULTS[name], **attrs}
+        args = dict(full)
+        for k, s in ins.items():
+            args[k] = self.values[s]
+        res = _op(name, args)
+        return self._record(name, ins, full, res if isinstance(res, tuple) else (res,))
+
+    def op1(self, name: str, ins: dict[str, int], **attrs: Any) -> int:
+        return self.op(name, ins, **attrs)[0]
+
+    def pseudo(self, name: str, ins: dict[str, int], out: np.ndarray, **attrs: Any) -> int:
+        return self._record(name, ins, attrs, (out,))[0]
+
+
+@dataclass
+class State:
+    """The arrays one forward reads and updates, by (layer name, attribute): the Keras
+    weights (``kernel``, ``moving_mean``, ...) and each quantizer's range as
+    ``<where>_min`` / ``<where>_max`` (``kernel``, ``pre_activation``,
+    ``post_activation``, ``output``). Updated in place: ranges and moving statistics."""
+
+    arrays: Mapping[tuple[str, str], np.ndarray]
+    trainable: Mapping[tuple[str, str], bool]
+    """Which arrays want gradients (their slots are leaves of the tape)."""
+    training: Mapping[str, bool]
+    """Per layer (Keras' training flag); quantizers under ``<layer>/<where>``."""
+
+
+class Program:
+    """A plan's exact path on NumPy arrays (see the module's docstring)."""
+
+    def __init__(self, plan: Plan):
+        why = unsupported(plan)
+        if why is not None:
+            raise ValueError(f"tfgrad.qat: the fused program does not run {why}")
+        self.plan = plan
+        self._walk = [n for n in plan.nodes if n.kind != "InputLayer"]
+        self._dropout = [n for n in self._walk if n.kind == "Dropout"]
+
+    def runs(self, training: Mapping[str, bool]) -> bool:
+        """Whether the program runs the model with these training flags (dropout while
+        training needs the framework's random numbers)."""
+        return not any(training.get(n.name, False) and float(n.config.get("rate", 0.0)) > 0
+                       for n in self._dropout)
+
+    def forward(self, inputs: Sequence[np.ndarray], state: State, grad: bool,
+                inputs_need_grad: Sequence[bool] = (),
+                minmax: MinMax = _numpy_minmax,
+                replica_mean: Callable[[np.ndarray], np.ndarray] | None = None
+                ) -> tuple[list[np.ndarray], Tape, dict[tuple[str, str], int], list[int]]:
+        """The model's outputs on ``inputs`` (ranges and statistics updated in ``state``
+        where training); the tape, the slot of each trainable array, the inputs' slots
+        and the outputs' slots (last)."""
+        run = _Run(grad, minmax, replica_mean)
+        values: dict[str, int] = {}
+        in_slots = []
+        for k, (name, x) in enumerate(zip(self.plan.inputs, inputs)):
+            need = bool(inputs_need_grad[k]) if k < len(inputs_need_grad) else False
+            values[name] = run.leaf(x, need)
+            in_slots.append(values[name])
+        leaves: dict[tuple[str, str], int] = {}
+        for node in self._walk:
+            values[node.name] = self._layer(run, node, [values[i] for i in node.inputs],
+                                             state, leaves)
+        outs = [values[o] for o in self.plan.outputs]
+        tape = Tape(run.values, run.records, run.needs)
+        return [run.values[s] for s in outs], tape, leaves, in_slots + outs
+
+    # ----------------------------------------------------------------------------------
+    def _weight(self, run: _Run, node: Node, attr: str, state: State,
+                leaves: dict[tuple[str, str], int], quantize: bool = True) -> int:
+        """A Keras weight, through its quantizer (kernels) where ``quantize``."""
+        key = (node.name, attr)
+        slot = leaves.get(key)
+        if slot is None:
+            slot = run.leaf(state.arrays[key], state.trainable.get(key, False))
+            if state.trainable.get(key, False):
+                leaves[key] = slot
+        q = node.weight_quantizers.get(attr) if quantize else None
+        if q is not None:
+            slot = self._quantize(run, node, attr, q, slot, state)
+        return slot
+
+    def _quantize(self, run: _Run, node: Node, where: str, q: Quantizer, x: int,
+                  state: State) -> int:
+        """One of tfmot's quantizers (tfgrad.torch.qat.RangeQuantizer, in NumPy)."""
+        mn = state.arrays[node.name, where + "_min"]
+        mx = state.arrays[node.name, where + "_max"]
+        if state.training.get(f"{node.name}/{where}", False):
+            bmin, bmax = run.minmax(run.values[x], q.per_axis)
+            lo, hi = updated_range(q, mn, mx, bmin, bmax, F32(0.0), _EMA, run.range_ops)
+            mn[...] = lo
+            mx[...] = hi
+        lo_s, hi_s = run.leaf(mn.copy()), run.leaf(mx.copy())
+        name = ("FakeQuantWithMinMaxVarsPerChannel" if q.per_axis
+                else "FakeQuantWithMinMaxVars")
+        return run.op1(name, {"inputs": x, "min": lo_s, "max": hi_s}, num_bits=q.num_bits,
+                       narrow_range=q.narrow_range)
+
+    def _activate(self, run: _Run, x: int, name: str) -> int:
+        if name in ("linear", "noop"):
+            return x
+        if name == "relu":
+            return run.op1("Relu", {"features": x})
+        if name == "relu6":
+            return run.op1("Relu6", {"features": x})
+        return run.op1("Softmax", {"logits": x})  # (unsupported() allows no other)
+
+    def _bias_act(self, run: _Run, node: Node, y: int, state: State,
+                  leaves: dict[tuple[str, str], int]) -> int:
+        if (node.name, "bias") in state.arrays:
+            b = self._weight(run, node, "bias", state, leaves, quantize=False)
+            y = run.op1("BiasAdd", {"value": y, "bias": b})
+        if node.pre_activation is not None:
+            y = self._quantize(run, node, "pre_activation", node.pre_activation, y, state)
+        y = self._activate(run, y, node.activation)
+        if node.post_activation is not None:
+            y = self._quantize(run, node, "post_activation", node.post_activation, y, state)
+        return y
+
+    def _layer(self, run: _Run, node: Node, xs: list[int], state: State,
+               leaves: dict[tuple[str, str], int]) -> int:
+        kind, cfg = node.kind, node.config
+        training = state.training.get(node.name, False)
+        x = xs[0] if xs else -1
+        if kind == "QuantizeLayer":
+            y = x
+        elif kind == "Conv2D":
+            s = _pair(cfg.get("strides", 1))
+            k = self._weight(run, node, "kernel", state, leaves)
+            y = run.op1("Conv2D", {"input": x, "filter": k}, strides=[1, s[0], s[1], 1],
+                        padding=str(cfg["padding"]).upper())
+            y = self._bias_act(run, node, y, state, leaves)
+        elif kind == "DepthwiseConv2D":
+            s, d = _pair(cfg.get("strides", 1)), _pair(cfg.get("dilation_rate", 1))
+            k = self._weight(run, node, "depthwise_kernel", state, leaves)
+            y = run.op1("DepthwiseConv2dNative", {"input": x, "filter": k},
+                        strides=[1, s[0], s[1], 1], padding=str(cfg["padding"]).upper(),
+                        dilations=[1, d[0], d[1], 1])
+            y = self._bias_act(run, node, y, state, leaves)
+        elif kind == "Dense":
+            k = self._weight(run, node, "kernel", state, leaves)
+            y = run.op1("MatMul", {"a": x, "b": k})
+            y = self._bias_act(run, node, y, state, leaves)
+        elif kind == "BatchNormalization":
+            y = self._batch_norm(run, node, x, state, leaves, training)
+        elif kind == "ReLU":
+            mx = cfg.get("max_value")
+            y = self._activate(run, x, "relu6" if mx is not None else "relu")
+        elif kind == "Activation":
+            y = self._activate(run, x, node.activation)
+        elif kind == "Add":
+            v = run.values
+            total = v[xs[0]]
+            for other in xs[1:]:
+                total = total + v[other]
+            y = run.pseudo("add", {str(i): s for i, s in enumerate(xs)}, total)
+        elif kind == "Concatenate":
+            axis = int(cfg.get("axis", -1)) % run.values[xs[0]].ndim
+            y = run.pseudo("concat", {str(i): s for i, s in enumerate(xs)},
+                           np.concatenate([run.values[s] for s in xs], axis=axis), axis=axis)
+        elif kind == "ZeroPadding2D":
+            pads = _padding2d(cfg["padding"])
+            (t, b), (lf, r) = pads
+            y = run.pseudo("pad", {"x": x}, np.pad(run.values[x],
+                                                   ((0, 0), (t, b), (lf, r), (0, 0))),
+                           pads=pads)
+        elif kind in ("AveragePooling2D", "MaxPooling2D"):
+            k = _pair(cfg.get("pool_size", 2))
+            s = _pair(cfg.get("strides") or k)
+            y = run.op1("MaxPool" if kind == "MaxPooling2D" else "AvgPool", {"value": x}
+                        if kind == "AveragePooling2D" else {"input": x},
+                        ksize=[1, *k, 1], strides=[1, *s, 1],
+                        padding=str(cfg.get("padding", "valid")).upper())
+        elif kind == "GlobalAveragePooling2D":
+            keep = bool(cfg.get("keepdims", False))
+            y = run.op1("Mean", {"input": x}, axis=[1, 2], keep_dims=keep)
+        elif kind == "Dropout":  # (inference, or a rate of 0: runs() checks first)
+            y = x
+        elif kind in ("Flatten", "Reshape"):
+            v = run.values[x]
+            shape = ((v.shape[0], -1) if kind == "Flatten"
+                     else (v.shape[0], *[int(t) for t in cfg["target_shape"]]))
+            y = run.pseudo("reshape", {"x": x}, v.reshape(shape))
+        elif kind == "Softmax":
+            y = run.op1("Softmax", {"logits": x})
+        else:  # (unsupported() refuses every other kind)
+            raise NotImplementedError(kind)
+        if node.output is not None:
+            y = self._quantize(run, node, "output", node.output, y, state)
+        return y
+
+    def _batch_norm(self, run: _Run, node: Node, x: int, state: State,
+                    leaves: dict[tuple[str, str], int], training: bool) -> int:
+        cfg = node.config
+        c = run.values[x].shape[-1]
+        gamma = (self._weight(run, node, "gamma", state, leaves, quantize=False)
+                 if (node.name, "gamma") in state.arrays else run.leaf(np.ones(c, F32)))
+        beta = (self._weight(run, node, "beta", state, leaves, quantize=False)
+                if (node.name, "beta") in state.arrays else run.leaf(np.zeros(c, F32)))
+        # Keras' fused path: tf.compat.v1.nn.fused_batch_norm raises epsilon to 1.001e-5
+        eps = max(float(cfg.get("epsilon", 1e-3)), 1.001e-5)
+        momentum = float(cfg.get("momentum", 0.99))
+        mean = state.arrays[node.name, "moving_mean"]
+        var = state.arrays[node.name, "moving_variance"]
+        ins = {"x": x, "scale": gamma, "offset": beta, "mean": run.leaf(mean.copy()),
+               "variance": run.leaf(var.copy())}
+        if training:
+            y, bm, bv = run.op("FusedBatchNormV3", ins, epsilon=eps,
+                               exponential_avg_factor=1.0 - momentum, data_format="NHWC",
+                               is_training=True)[:3]
+            if run.values[x].shape[0] > 0:
+                mean[...] = run.values[bm]
+                var[...] = run.values[bv]
+            return y
+        return run.op("FusedBatchNormV3", ins, epsilon=eps, data_format="NHWC",
+                      is_training=False)[0]

@@ -1,0 +1,156 @@
+"""tfgrad.torch.qat's fused path (tfgrad.qat._exec): a whole eager forward as one program of
+TF's ops on NumPy arrays and one autograd node, bit-identical to the layer-by-layer path
+(which tests/test_qat_exact_step.py holds to TF live): outputs, gradients (of the weights
+and of the input), every variable and buffer after each step, inference; and the calls it
+leaves to the layer-by-layer path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("h5py")
+pytest.importorskip("tf_keras")
+pytest.importorskip("tensorflow_model_optimization")
+
+import tfgrad.torch.qat as tq  # noqa: E402
+from tfgrad.qat import _exec  # noqa: E402
+from tfgrad.testing import qat as models  # noqa: E402
+
+FUSED = ("depthwise_chain", "mobilenet_v2_logits", "separable", "mlp", "mobilenet_v2")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = str(tmp_path_factory.mktemp("qat_fused"))
+    return {name: models.tfmot_qat(name, folder)[1] for name in (*FUSED, "cnn")}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a).reshape(-1)
+    return a.view(np.uint8)
+
+
+def _state(m: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def _steps(m: torch.nn.Module, xs: list, cs: list, input_grad: bool) -> list[dict]:
+    m.train()
+    lr = torch.tensor(0.05, dtype=torch.float32)
+    out = []
+    for x, c in zip(xs, cs):
+        xt = torch.from_numpy(x.copy()).requires_grad_(input_grad)
+        y = m(xt)
+        (y * torch.from_numpy(c)).sum().backward()
+        grads = {n: p.grad.numpy().copy() for n, p in m.named_parameters()}
+        with torch.no_grad():
+            for p in m.parameters():
+                p.sub_(lr * p.grad)
+                p.grad = None
+        out.append({"y": y.detach().numpy(), "grads": grads, "state": _state(m),
+                    "dx": xt.grad.numpy() if input_grad else None})
+    m.eval()
+    with torch.no_grad():
+        out.append({"eval": m(torch.from_numpy(xs[0])).numpy()})
+    return out
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_is_layer_by_layer(saved: dict, name: str) -> None:
+    k = models.load_tf(saved[name])
+    xs, cs = models.batches(k, 3, 4)
+    fused, layered = tq.load_keras(saved[name]), tq.load_keras(saved[name])
+    layered.fused = False
+    assert fused.fused and fused._program is not None
+    calls = []
+    real = fused._program.forward
+    fused._program.forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    a = _steps(fused, xs, cs, input_grad=name == "depthwise_chain")
+    b = _steps(layered, xs, cs, input_grad=name == "depthwise_chain")
+    assert len(calls) == 4  # (three training steps and the inference call ran fused)
+    for step, (s, t) in enumerate(zip(a[:-1], b[:-1])):
+        assert np.array_equal(_bits(s["y"]), _bits(t["y"])), step
+        for n in t["grads"]:
+            assert np.array_equal(_bits(s["grads"][n]), _bits(t["grads"][n])), (step, n)
+        for n in t["state"]:
+            assert np.array_equal(_bits(s["state"][n]), _bits(t["state"][n])), (step, n)
+        if t["dx"] is not None:
+            assert np.array_equal(_bits(s["dx"]), _bits(t["dx"])), step
+    assert np.array_equal(_bits(a[-1]["eval"]), _bits(b[-1]["eval"]))
+
+
+def test_frozen_weights_and_no_grad(saved: dict) -> None:
+    """Weights that do not require grad get none (and are constants of the program); under
+    no_grad the program records no tape and returns plain tensors."""
+    path = saved["depthwise_chain"]
+    k = models.load_tf(path)
+    xs, cs = models.batches(k, 1, 4)
+    m, ref = tq.load_keras(path).train(), tq.load_keras(path).train()
+    ref.fused = False
+    frozen = [n for n, _ in m.named_parameters()][:3]
+    for mod in (m, ref):
+        for n, p in mod.named_parameters():
+            if n in frozen:
+                p.requires_grad_(False)
+        (mod(torch.from_numpy(xs[0])) * torch.from_numpy(cs[0])).sum().backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        assert (p.grad is None) == (n in frozen) == (q.grad is None)
+        if p.grad is not None:
+            assert np.array_equal(_bits(p.grad.numpy()), _bits(q.grad.numpy())), n
+    with torch.no_grad():
+        y = m(torch.from_numpy(xs[0]))
+    assert y.grad_fn is None and not y.requires_grad
+
+
+def test_second_derivative_is_refused(saved: dict) -> None:
+    m = tq.load_keras(saved["depthwise_chain"]).train()
+    x = torch.from_numpy(models.batches(models.load_tf(saved["depthwise_chain"]), 1, 2)[0][0])
+    x.requires_grad_(True)
+    (g,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+def test_layer_by_layer_where_the_program_cannot(saved: dict) -> None:
+    """A plan it does not run (2-D batch norm), hooks on a layer, dropout while training,
+    torch.compile's tracing: the layers run one by one (the hook is called)."""
+    cnn = tq.load_keras(saved["cnn"])
+    assert cnn._program is None and not cnn.fused
+    assert "batch norm of rank 2" in str(_exec.unsupported(cnn.plan))
+    m = tq.load_keras(saved["depthwise_chain"]).train()
+    x = torch.from_numpy(models.batches(models.load_tf(saved["depthwise_chain"]), 1, 2)[0][0])
+    seen = []
+    layer = next(iter(m.layers.values()))
+    handle = layer.register_forward_hook(lambda *a: seen.append(1))
+    m(x)
+    assert seen == [1]
+    handle.remove()
+    m(x)
+    assert seen == [1]
+
+
+def test_dropout_while_training_runs_layer_by_layer(tmp_path: object) -> None:
+    """Dropout's mask is torch's random numbers: while training the model runs layer by
+    layer, and the program never starts (no range is updated twice)."""
+    k = models.keras()
+    L = k.layers
+    x = L.Input((6, 6, 2))
+    y = L.Dropout(0.5)(L.Flatten()(L.Conv2D(3, 3, activation="relu")(x)))
+    path = str(tmp_path) + "/drop.h5"
+    models.tfmot().quantization.keras.quantize_model(
+        k.Model(x, L.Dense(2)(y))).save(path)
+    m = tq.load_keras(path)
+    assert m.fused
+    calls = []
+    real = m._program.forward
+    m._program.forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    xt = torch.ones(3, 6, 6, 2)
+    m.train()
+    m(xt).sum().backward()
+    assert calls == []
+    m.eval()
+    with torch.no_grad():
+        m(xt)
+    assert calls == [1]
