@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 # before Numba's OpenMP runtime loads (at the first kernel call); a user's value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import errors, raw_ops
+from . import _config, errors, raw_ops
 from ._api import make_function
 from ._config import use_impl
 from ._errors import InvalidArgumentError, ResourceLimitError
 from ._opdefs import OPS, OpDef, get_op_def
+
+_config.tune_malloc()
 
 __version__ = "0.1.0"
 
