@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from itertools import product
 
 import numpy as np
 import pytest
 
 import tfgrad
-from tfgrad import _validate
+from tfgrad import _gradients, _validate
 from tfgrad._opdefs import OPS, get_op_def, snake_case
 
 ALL = sorted(OPS)
@@ -347,3 +348,30 @@ def test_converted_inputs_are_not_cached_and_still_convert():
     b = tfgrad.raw_ops.FakeQuantWithMinMaxArgs(inputs=list(x64))
     assert a.dtype == b.dtype == np.float32 and a.tobytes() == b.tobytes()
     assert len(_api._CACHE) == 0
+
+
+@pytest.mark.parametrize("op_name", sorted(_gradients.GRADIENTS))
+def test_gradient_steps_resolve_the_table(op_name):
+    """_gradients.steps (what every adapter's backward runs) names, for each value of the
+    attrs that choose the calls, the table's calls with positions that point at the
+    names the table gives, and the gradient op's attrs: fixed, else the forward's."""
+    op = OPS[op_name]
+    ins, outs = [i.name for i in op.inputs], [o.name for o in op.outputs]
+    table = _gradients.GRADIENTS[op_name]
+    when = sorted({k for c in table for k in c.when})
+    values = {k: sorted({c.when[k] for c in table if k in c.when}, key=repr) for k in when}
+    for combo in product(*(values[k] for k in when)):
+        attrs = {a.name: ("A", a.name) for a in op.attrs} | dict(zip(when, combo))
+        steps = _gradients.steps(op_name, attrs)
+        assert [s.op for s in steps] == [c.op for c in _gradients.calls(op_name, attrs)]
+        assert steps is _gradients.steps(op_name, attrs)  # (worked out once)
+        for step, c in zip(steps, _gradients.calls(op_name, attrs)):
+            assert [(a, k, n) for a, k, n, _ in step.sources] == [
+                (a, f.kind, f.name) for a, f in c.args.items()]
+            for _, kind, name, pos in step.sources:
+                assert (outs if kind in ("grad", "output") else ins)[pos] == name
+            grad_outs = [o.name for o in OPS[c.op].outputs]
+            assert [(k, ins[p], grad_outs[r]) for k, p, r in step.gives] == [
+                (k, k, o) for k, o in c.gives.items()]
+            assert step.call_attrs(attrs) == {
+                a.name: c.fixed.get(a.name, attrs.get(a.name)) for a in OPS[c.op].attrs}

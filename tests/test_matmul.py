@@ -24,7 +24,7 @@ import tfgrad
 from tests import oracle
 from tfgrad import raw_ops
 from tfgrad._compile import jit
-from tfgrad._gradients import calls
+from tfgrad._gradients import steps
 from tfgrad._tf import contraction, onednn
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
@@ -202,10 +202,10 @@ def test_gradient_table_is_tfs(ta, tb):
     fwd = {"transpose_a": ta, "transpose_b": tb, "grad_a": False, "grad_b": False}
     src = {"input": {"a": a, "b": b}, "grad": {"product": g}}
     grads = {}
-    for c in calls("MatMul", fwd):
-        args = {name: src[f.kind][f.name] for name, f in c.args.items()}
-        (x,), = [tuple(c.gives)]
-        grads[x] = raw_ops.MatMul(**args, **c.attrs(fwd))
+    for step in steps("MatMul", fwd):
+        args = {name: src[kind][f] for name, kind, f, _ in step.sources}
+        ((x, _, _),) = step.gives
+        grads[x] = raw_ops.MatMul(**args, **step.call_attrs(fwd))
     assert grads["a"].shape == a.shape and grads["b"].shape == b.shape
     tf = oracle.tensorflow()
     if tf is None:

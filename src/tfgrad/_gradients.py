@@ -20,12 +20,16 @@ wires its autograd from this one table:
 Only the outputs that appear as ``From("grad", name)`` are differentiable (TF's gradient
 functions ignore the others' incoming gradients); forward inputs that no call ``gives``
 get no gradient (TF returns None for them).
+
+:func:`steps` is the table read for one call of an op (its attrs), with names resolved to
+positions: every adapter's backward (``tfgrad.torch``'s autograd, ``tfgrad.jax``'s
+transposes, the fused QAT tape of ``tfgrad.qat``) runs these steps with its own values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._opdefs import OPS, get_op_def
 
@@ -72,11 +76,6 @@ class GradCall:
 
     def applies(self, attrs: dict[str, Any]) -> bool:
         return all(attrs[k] == v for k, v in self.when.items())
-
-    def attrs(self, forward_attrs: dict[str, Any]) -> dict[str, Any]:
-        """The gradient op's attrs: ``fixed``, else the forward op's of the same names."""
-        return {a.name: self.fixed[a.name] if a.name in self.fixed else forward_attrs[a.name]
-                for a in get_op_def(self.op).attrs}
 
 
 def _fake_quant(op: str) -> tuple[GradCall, ...]:
@@ -370,3 +369,54 @@ def _check_table() -> None:
 
 
 _check_table()
+
+
+class Step(NamedTuple):
+    """One gradient-op call of :func:`steps`."""
+
+    op: str
+    """The gradient op."""
+    sources: tuple[tuple[str, str, str, int], ...]
+    """Its inputs: (argument, kind, forward name, position), the position the forward
+    output's index for ``"grad"`` and ``"output"``, the forward input's for ``"input"`` and
+    ``"shape"`` (:class:`From`'s kinds)."""
+    attrs: tuple[str, ...]
+    """Its attrs, in the op table's order."""
+    fixed: dict[str, Any]
+    """The attrs the call sets itself (``GradCall.fixed``); the others are the forward's."""
+    gives: tuple[tuple[str, int, int], ...]
+    """(forward input, its position, the gradient op's output index) per gradient."""
+
+    def call_attrs(self, forward_attrs: Any) -> dict[str, Any]:
+        """The gradient op's attrs for a forward call with ``forward_attrs``."""
+        fixed = self.fixed
+        return {n: fixed[n] if n in fixed else forward_attrs[n] for n in self.attrs}
+
+
+_WHEN = {name: tuple(sorted({k for c in grad_calls for k in c.when}))
+         for name, grad_calls in GRADIENTS.items()}
+_STEPS: dict[tuple, tuple[Step, ...]] = {}
+
+
+def steps(op_name: str, attrs: Any) -> tuple[Step, ...]:
+    """TF's gradient function of ``op_name`` for a call with these attrs (a mapping holding
+    at least the attrs that choose the calls), worked out once per value of those."""
+    key = (op_name, *(attrs[k] for k in _WHEN.get(op_name, ())))
+    found = _STEPS.get(key)
+    if found is None:
+        op = OPS[op_name]
+        ins = [i.name for i in op.inputs]
+        outs = [o.name for o in op.outputs]
+        made = []
+        for c in calls(op_name, attrs):
+            g = OPS[c.op]
+            grad_outs = [o.name for o in g.outputs]
+            made.append(Step(
+                c.op,
+                tuple((arg, src.kind, src.name,
+                       (outs if src.kind in ("grad", "output") else ins).index(src.name))
+                      for arg, src in c.args.items()),
+                tuple(a.name for a in g.attrs), dict(c.fixed),
+                tuple((k, ins.index(k), grad_outs.index(o)) for k, o in c.gives.items())))
+        found = _STEPS[key] = tuple(made)
+    return found

@@ -448,9 +448,9 @@ def _uses(call: OpCall) -> tuple[set[str], list[tuple[str, str]]]:
     comp = _COMPOSITES.get(call.op)
     if comp is not None:
         return set(comp.gives), list(comp.reads)
-    calls = _gradients.calls(call.op, dict(call.attrs))
-    return ({k for c in calls for k in c.gives},
-            [(s.kind, s.name) for c in calls for s in c.args.values()])
+    steps = _gradients.steps(call.op, dict(call.attrs))
+    return ({k for s in steps for k, _, _ in s.gives},
+            [(kind, name) for s in steps for _, kind, name, _ in s.sources])
 
 
 def _gradient(call: OpCall, xs: dict, outs: dict, cts: dict, want: Sequence[str],
@@ -462,17 +462,18 @@ def _gradient(call: OpCall, xs: dict, outs: dict, cts: dict, want: Sequence[str]
         return {k: v for k, v in comp.fn(xs, outs, cts, call.impl, run).items() if k in want}
     attrs = dict(call.attrs)
     grads = {}
-    for c in _gradients.calls(call.op, attrs):
-        if not set(c.gives) & set(want):
+    for step in _gradients.steps(call.op, attrs):
+        if not any(k in want for k, _, _ in step.gives):
             continue
         operands, static = {}, {}
-        for name, src in c.args.items():
-            if src.kind == "shape":
-                static[name] = tuple(int(d) for d in np.shape(xs[src.name]))
+        for name, kind, src, _ in step.sources:
+            if kind == "shape":
+                static[name] = tuple(int(d) for d in np.shape(xs[src]))
             else:
-                operands[name] = {"input": xs, "output": outs, "grad": cts}[src.kind][src.name]
-        result = run(c.op, operands, static, c.attrs(attrs), call.impl)
-        grads.update({i: result[o] for i, o in c.gives.items() if i in want})
+                operands[name] = {"input": xs, "output": outs, "grad": cts}[kind][src]
+        result = run(step.op, operands, static, step.call_attrs(attrs), call.impl)
+        names = get_op_def(step.op).outputs
+        grads.update({k: result[names[o].name] for k, _, o in step.gives if k in want})
     return grads
 
 

@@ -158,15 +158,15 @@ class Tape:
                   outs: tuple[int, ...], gouts: list[Any], add: Callable) -> None:
         """TF's gradient function of a raw op: the table's gradient calls."""
         vals, needs = self.values, self.needs
-        for grad_op, gives, sources, attr_names, fixed in _grad_plan(name, attrs):
-            if not any(k in ins and needs[ins[k]] for k, _ in gives):
+        for step in _gradients.steps(name, attrs):
+            if not any(k in ins and needs[ins[k]] for k, _, _ in step.gives):
                 continue
-            if grad_op == "Identity":  # (BiasAdd's value: the gradient itself)
-                for k, _ in gives:
-                    add(ins[k], gouts[sources[0][3]])
+            if step.op == "Identity":  # (BiasAdd's value: the gradient itself)
+                for k, _, _ in step.gives:
+                    add(ins[k], gouts[step.sources[0][3]])
                 continue
-            args: dict[str, Any] = dict(_DEFAULTS[grad_op])
-            for arg, kind, src, k in sources:
+            args = step.call_attrs(attrs)
+            for arg, kind, src, k in step.sources:
                 if kind == "grad":
                     v = gouts[k]
                     args[arg] = v if v is not None else np.zeros_like(vals[outs[k]])
@@ -176,41 +176,11 @@ class Tape:
                     args[arg] = vals[ins[src]]
                 else:
                     args[arg] = vals[outs[k]]
-            for n in attr_names:
-                args[n] = attrs[n]
-            args.update(fixed)
-            res = _op(grad_op, args)
+            res = _op(step.op, args)
             res = res if isinstance(res, tuple) else (res,)
-            for k, r in gives:
+            for k, _, r in step.gives:
                 if k in ins:
                     add(ins[k], res[r])
-
-
-_PLANS: dict[tuple, list] = {}
-_WHEN = {name: tuple(sorted({k for c in calls for k in c.when}))
-         for name, calls in _gradients.GRADIENTS.items()}
-
-
-def _grad_plan(name: str, attrs: dict[str, Any]) -> list:
-    """The gradient calls of op ``name`` with these attrs, worked out once per value of
-    the attrs that choose them: (gradient op, [(forward input, its output index)],
-    [(argument, source kind, source name, output index)], forward attrs it takes,
-    attrs it fixes)."""
-    key = (name, *(attrs[k] for k in _WHEN.get(name, ())))
-    plan = _PLANS.get(key)
-    if plan is None:
-        out_names = [o.name for o in OPS[name].outputs]
-        plan = []
-        for c in _gradients.calls(name, attrs):
-            grad_outs = [o.name for o in OPS[c.op].outputs]
-            sources = [(arg, src.kind, src.name,
-                        out_names.index(src.name) if src.kind in ("grad", "output") else -1)
-                       for arg, src in c.args.items()]
-            taken = [a.name for a in OPS[c.op].attrs if a.name not in c.fixed]
-            plan.append((c.op, [(k, grad_outs.index(o)) for k, o in c.gives.items()],
-                         sources, taken, dict(c.fixed)))
-        _PLANS[key] = plan
-    return plan
 
 
 def _op(name: str, args: dict[str, Any]) -> Any:

@@ -379,38 +379,25 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
 
     tensor_inputs = [i.name for i in op.inputs if not i.is_shape]
     rest_names = [n for n in bind.names if n not in tensor_inputs]  # (seeds: a tensor)
-    attr_names = [at.name for at in op.attrs]
     when = sorted({k for c in _gradients.GRADIENTS.get(op.name, ()) for k in c.when})
     shaped = sorted({src.name for c in _gradients.GRADIENTS.get(op.name, ())
                      for src in c.args.values() if src.kind == "shape"})
     n_rest = len(bind.names) - len(input_names)
     linearised = op.name in _gradients.LINEARISED
-    plans: dict[tuple, tuple[list[tuple[str, str]], list[Any]]] = {}
+    plans: dict[tuple, tuple[list[tuple[str, str]], tuple[_gradients.Step, ...]]] = {}
 
-    def plan(a: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Any]]:
+    def plan(a: dict[str, Any]) -> tuple[list[tuple[str, str]], tuple[_gradients.Step, ...]]:
         """What the backward reads (a running statistic updated in place after the
         forward, as batch norm's in inference, must not be saved when unused) and the
         gradient calls, per value of the attrs that choose the calls."""
         key = tuple(a[k] for k in when)
         found = plans.get(key)
         if found is None:
-            attrs = {n: a[n] for n in attr_names}
-            calls = _gradients.calls(op.name, attrs)
-            need = {(src.kind, src.name) for c in calls
-                    for src in c.args.values() if src.kind in ("input", "output")}
+            steps = _gradients.steps(op.name, a)
+            need = {(kind, name) for s in steps for _, kind, name, _ in s.sources
+                    if kind in ("input", "output")}
             if linearised:
                 need |= {("input", n) for n in tensor_inputs}
-            steps = []
-            for c in calls:
-                grad_outs = [o.name for o in OPS[c.op].outputs]
-                steps.append((c.op,
-                              [input_names.index(k) for k in c.gives],
-                              [(name, src.kind, src.name,
-                                out_names.index(src.name) if src.kind == "grad" else -1)
-                               for name, src in c.args.items()],
-                              [at.name for at in OPS[c.op].attrs],
-                              [(input_names.index(k), grad_outs.index(g))
-                               for k, g in c.gives.items()], c.fixed))
             found = plans[key] = (sorted(need), steps)
         return found
 
@@ -445,11 +432,11 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
                 "detach it).")
         needs = ctx.needs_input_grad
         bound = ctx.bound
-        for grad_op, gives, sources, attrs, into, fixed in ctx.steps:
-            if not any(needs[k] for k in gives):
+        for step in ctx.steps:
+            if not any(needs[k] for _, k, _ in step.gives):
                 continue
-            args: dict[str, Any] = {}
-            for name, kind, src, index in sources:
+            args: dict[str, Any] = step.call_attrs(bound)
+            for name, kind, src, index in step.sources:
                 if kind == "grad":
                     g = grads[index]
                     if g is None:
@@ -462,11 +449,9 @@ def _autograd(op: OpDef) -> tuple[Callable[..., Any], Callable[..., Any], Callab
                     args[name] = list(ctx.shapes[src])
                 else:
                     args[name] = saved[src]
-            for n in attrs:  # the forward's attrs, but those the call fixes (GradCall.fixed)
-                args[n] = fixed[n] if n in fixed else bound[n]
-            res = invoke(grad_op, args)
+            res = invoke(step.op, args)
             res = res if isinstance(res, tuple) else (res,)
-            for k, r in into:
+            for _, k, r in step.gives:
                 result[k] = res[r]
         return (*result, *(None,) * n_rest)
 
