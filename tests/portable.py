@@ -4,7 +4,9 @@ arrays, as the adapters hand them their arguments: shared by tests/test_portable
 ``runner("torch" | "jax", family)`` calls ``tfgrad.torch._portable.<family>.<Op>`` or a
 jitted ``tfgrad.jax._native.<family>.<Op>`` (one compilation per op, attrs and shapes) and
 returns every output as a NumPy array; ``split`` gives the arguments from a ``raw_ops``
-call's keywords, validated as the adapters validate them.
+call's keywords, validated as the adapters validate them; ``run_case`` runs a case over
+seeds and collects a family's checks' complaints (``bit_identical``: the outputs declared
+exact).
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tfgrad import _validate, raw_ops
+from tfgrad import _distance, _validate, raw_ops
 from tfgrad._opdefs import get_op_def
 
 
@@ -38,6 +40,47 @@ def exact(op: str, kwargs: dict[str, Any]) -> tuple[np.ndarray, ...]:
     """The exact kernels' outputs (TF's bits)."""
     out = getattr(raw_ops, op)(**kwargs)
     return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
+
+
+Check = Callable[[dict[str, Any], dict[str, np.ndarray], dict[str, Any], tuple, tuple],
+                 list[str]]
+"""A family's check of one call: (raw_ops keywords, arrays, attrs, the implementation's
+outputs, the exact ones) -> what is wrong."""
+
+
+def run_case(impl: Any, case: Any, seeds: tuple, check: Check, *,
+             split: Callable[..., tuple] = split, exact: Callable[..., tuple] = exact,
+             change: dict[str, Any] | None = None) -> list[str]:
+    """What ``check`` finds wrong with the implementation on ``case`` over ``seeds`` (None:
+    the case's own inputs); ``change`` replaces attrs in the implementation's call only
+    (a mutant's arguments)."""
+    bad = []
+    for seed in seeds:
+        kwargs = case.kwargs(seed)
+        arrays, attrs = split(case.op, kwargs)
+        got = impl(case.op, arrays, {**attrs, **change} if change else attrs)
+        bad += [f"seed {seed}: {b}" for b in check(kwargs, arrays, attrs, got,
+                                                   exact(case.op, kwargs))]
+    return bad
+
+
+def bit_identical(impl: Any, op: str, got: tuple, want: tuple,
+                  inexact: Callable[[str, np.ndarray, np.ndarray, Any], list[str]] | None = None
+                  ) -> list[str]:
+    """Every output whose declared bound (the module's BOUNDS) is 0 must be bit-identical;
+    the others go to ``inexact`` (name, output, exact output, bound), and without it their
+    bound is a complaint."""
+    bad = []
+    for name, a, e in zip([o.name for o in get_op_def(op).outputs], got, want, strict=True):
+        bound = impl.mod.BOUNDS[op][name][str(e.dtype)]
+        if bound == 0:
+            if not _distance.bit_identical(a, e):
+                bad.append(f"{name} differs")
+        elif inexact is None:
+            bad.append(f"{name}: bound {bound} declared, but outputs here are exact")
+        else:
+            bad += inexact(name, a, e, bound)
+    return bad
 
 
 def _outputs(out: Any) -> tuple[Any, ...]:

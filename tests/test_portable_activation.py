@@ -16,7 +16,6 @@ import pytest
 from tests import portable
 from tests.cases import Case
 from tests.cases import activation as cases
-from tfgrad import _distance
 from tfgrad._opdefs import get_op_def
 
 SEEDS = (None, 2001)
@@ -28,18 +27,8 @@ def impl(request: pytest.FixtureRequest) -> Any:
 
 
 def _run_case(impl: Any, case: Case) -> list[str]:
-    bad = []
-    for seed in SEEDS:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = portable.split(case.op, kwargs)
-        got = impl(case.op, arrays, attrs)
-        want = portable.exact(case.op, kwargs)
-        for name, a, e in zip([o.name for o in get_op_def(case.op).outputs], got, want,
-                              strict=True):
-            if impl.mod.BOUNDS[case.op][name][str(e.dtype)] == 0:
-                if not _distance.bit_identical(a, e):
-                    bad.append(f"seed {seed}: {name} differs")
-    return bad
+    return portable.run_case(impl, case, SEEDS, lambda kw, arrays, attrs, got, want:
+                             portable.bit_identical(impl, case.op, got, want))
 
 
 _SMALL = [c for c in cases.CASES if c.kwargs()[next(iter(c.kwargs()))].size < 5000]

@@ -60,28 +60,27 @@ def _abs_terms(op: str, arrays: dict[str, np.ndarray], attrs: dict[str, Any],
     return 2 * dx, geo.O + geo.KH * geo.KW
 
 
-def _run_case(impl: Any, case: Case) -> list[str]:
+def _violations(impl: Any, op: str, arrays: dict, attrs: dict, got: np.ndarray,
+                want: np.ndarray) -> list[str]:
+    if want.size == 0 or not np.any(want != 0):
+        return [] if _distance.bit_identical(got, want) else ["zeros differ"]
     bad = []
-    for seed in SEEDS:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = portable.split(case.op, kwargs)
-        got = impl(case.op, arrays, attrs)[0]
-        want = portable.exact(case.op, kwargs)[0]
-        if want.size == 0 or not np.any(want != 0):
-            if not _distance.bit_identical(got, want):
-                bad.append(f"seed {seed}: zeros differ")
-            continue
-        d = _distance.distance(got, want)
-        if d > impl.mod.BOUNDS[case.op]["output"]["float32"]:
-            bad.append(f"seed {seed}: distance {d}")
-        with np.errstate(invalid="ignore"):  # (inf - inf, 0 * inf: compared by distance)
-            terms, k = _abs_terms(case.op, arrays, attrs, want.shape)
-            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-            limit = 2 * (k + 1) * U * terms.reshape(want.shape) + 2.0**-120
-            over = diff > limit
-        if over.any():
-            bad.append(f"seed {seed}: {diff.max()} beyond 2 (K + 1) U sum|terms|")
+    d = _distance.distance(got, want)
+    if d > impl.mod.BOUNDS[op]["output"]["float32"]:
+        bad.append(f"distance {d}")
+    with np.errstate(invalid="ignore"):  # (inf - inf, 0 * inf: compared by distance)
+        terms, k = _abs_terms(op, arrays, attrs, want.shape)
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        limit = 2 * (k + 1) * U * terms.reshape(want.shape) + 2.0**-120
+        over = diff > limit
+    if over.any():
+        bad.append(f"{diff.max()} beyond 2 (K + 1) U sum|terms|")
     return bad
+
+
+def _run_case(impl: Any, case: Case) -> list[str]:
+    return portable.run_case(impl, case, SEEDS, lambda kw, arrays, attrs, got, want:
+                             _violations(impl, case.op, arrays, attrs, got[0], want[0]))
 
 
 @pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.id)

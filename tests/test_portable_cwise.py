@@ -18,7 +18,6 @@ import pytest
 from tests import portable
 from tests.cases import Case
 from tests.cases import cwise as cases
-from tfgrad import _distance
 from tfgrad._opdefs import get_op_def
 
 SEEDS = (None, 2001)
@@ -29,30 +28,20 @@ def impl(request: pytest.FixtureRequest) -> Any:
     return portable.runner(request.param, "cwise")
 
 
+def _ulps(name: str, a: np.ndarray, e: np.ndarray, bound: Any) -> list[str]:
+    """Per value, in ulps of the expected value (stricter than _distance.distance's ulps
+    of the largest output)."""
+    a32, e32 = np.asarray(a, np.float64), np.asarray(e, np.float64)
+    with np.errstate(all="ignore"):
+        both_nan = np.isnan(a32) & np.isnan(e32)
+        ulp = np.abs(np.spacing(e32.astype(e.dtype)).astype(np.float64))
+        far = (np.abs(a32 - e32) > bound * ulp) & ~both_nan & (a32 != e32)
+    return [f"{name} beyond {bound} ulps"] if far.any() else []
+
+
 def _run_case(impl: Any, case: Case) -> list[str]:
-    bad = []
-    for seed in SEEDS:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = portable.split(case.op, kwargs)
-        got = impl(case.op, arrays, attrs)
-        want = portable.exact(case.op, kwargs)
-        for name, a, e in zip([o.name for o in get_op_def(case.op).outputs], got, want,
-                              strict=True):
-            bound = impl.mod.BOUNDS[case.op][name][str(e.dtype)]
-            if bound == 0:
-                if not _distance.bit_identical(a, e):
-                    bad.append(f"seed {seed}: {name} differs")
-            else:
-                # per value, in ulps of the expected value (stricter than
-                # _distance.distance's ulps of the largest output)
-                a32, e32 = np.asarray(a, np.float64), np.asarray(e, np.float64)
-                with np.errstate(all="ignore"):
-                    both_nan = np.isnan(a32) & np.isnan(e32)
-                    ulp = np.abs(np.spacing(e32.astype(e.dtype)).astype(np.float64))
-                    far = (np.abs(a32 - e32) > bound * ulp) & ~both_nan & (a32 != e32)
-                if far.any():
-                    bad.append(f"seed {seed}: {name} beyond {bound} ulps")
-    return bad
+    return portable.run_case(impl, case, SEEDS, lambda kw, arrays, attrs, got, want:
+                             portable.bit_identical(impl, case.op, got, want, _ulps))
 
 
 _SMALL = [c for c in cases.CASES if max(np.size(v) for v in c.kwargs().values()) < 2000]

@@ -75,14 +75,9 @@ def _violations(mod: Any, op: str, kwargs: dict[str, Any], got: np.ndarray,
 def _run_case(impl: Any, case: Case, seeds: tuple = SEEDS, **change: Any) -> list[str]:
     """Violations of ``case`` over ``seeds``; ``change`` replaces attrs in the
     implementation's call only (a mutant's arguments)."""
-    bad = []
-    for seed in seeds:
-        kwargs = case.kwargs(seed)
-        arrays, static = _split(case.op, kwargs)
-        (got,) = impl(case.op, arrays, {**static, **change})
-        want = np.asarray(getattr(raw_ops, case.op)(**kwargs))
-        bad += [f"seed {seed}: {b}" for b in _violations(impl.mod, case.op, kwargs, got, want)]
-    return bad
+    return portable.run_case(impl, case, seeds, lambda kw, arrays, attrs, got, want:
+                             _violations(impl.mod, case.op, kw, got[0], want[0]),
+                             split=_split, change=change)
 
 
 def _cases(*names: str, ops: tuple[str, ...] = OPS) -> list[Case]:

@@ -78,14 +78,9 @@ def _violations(mod: Any, op: str, arrays: dict[str, np.ndarray], attrs: dict[st
 
 
 def _run_case(impl: Any, case: Case, seeds: tuple = SEEDS) -> list[str]:
-    bad = []
-    for seed in seeds:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = _split(case.op, kwargs)
-        got = impl(case.op, arrays, attrs)
-        bad += [f"seed {seed}: {b}" for b in _violations(impl.mod, case.op, arrays, attrs, got,
-                                                         _exact(case.op, kwargs))]
-    return bad
+    return portable.run_case(impl, case, seeds, lambda kw, arrays, attrs, got, want:
+                             _violations(impl.mod, case.op, arrays, attrs, got, want),
+                             split=_split, exact=_exact)
 
 
 @pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.id)

@@ -20,7 +20,6 @@ from tests import portable
 from tests.cases import Case
 from tests.cases import max_pool as cases
 from tfgrad import _distance
-from tfgrad._opdefs import get_op_def
 
 SEEDS = (None, 4001)
 
@@ -31,18 +30,8 @@ def impl(request: pytest.FixtureRequest) -> Any:
 
 
 def _run_case(impl: Any, case: Case, seeds: tuple[int | None, ...] = SEEDS) -> list[str]:
-    bad = []
-    for seed in seeds:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = portable.split(case.op, kwargs)
-        got = impl(case.op, arrays, attrs)
-        want = portable.exact(case.op, kwargs)
-        for name, a, e in zip([o.name for o in get_op_def(case.op).outputs], got, want,
-                              strict=True):
-            assert impl.mod.BOUNDS[case.op][name][str(e.dtype)] == 0
-            if not _distance.bit_identical(a, e):
-                bad.append(f"seed {seed}: {name} differs")
-    return bad
+    return portable.run_case(impl, case, seeds, lambda kw, arrays, attrs, got, want:
+                             portable.bit_identical(impl, case.op, got, want))
 
 
 @pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.id)

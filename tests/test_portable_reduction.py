@@ -58,15 +58,8 @@ def _violations(mod: Any, op: str, arrays: dict[str, np.ndarray], attrs: dict[st
 
 
 def _run_case(impl: Any, case: Case, seeds: tuple = SEEDS) -> list[str]:
-    bad = []
-    for seed in seeds:
-        kwargs = case.kwargs(seed)
-        arrays, attrs = portable.split(case.op, kwargs)
-        (got,) = impl(case.op, arrays, attrs)
-        (want,) = portable.exact(case.op, kwargs)
-        bad += [f"seed {seed}: {b}" for b in _violations(impl.mod, case.op, arrays, attrs,
-                                                         got, want)]
-    return bad
+    return portable.run_case(impl, case, seeds, lambda kw, arrays, attrs, got, want:
+                             _violations(impl.mod, case.op, arrays, attrs, got[0], want[0]))
 
 
 @pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.id)
