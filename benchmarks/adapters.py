@@ -23,12 +23,14 @@ and range over rounds: raw_ops - kernel; torch forward - kernel; torch forward +
 - forward and gradient kernels - autograd floor. One training step of
 examples/torch_qat_mobilenet.py's model follows, against the same net in plain torch ops
 (batch 8 and 32, 1 and 2 threads, eager and compiled; with --smoke batch 8, 1 thread,
-eager).
+eager), and one jitted step of examples/jax_sharded_qat.py's model on one device with
+tfgrad.jax exact and native against the same net in plain JAX ops (batch 8 and 32).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -262,6 +264,88 @@ def training_steps_ms(steps: int, rounds: int, batches: tuple[int, ...] = (8, 32
     return out
 
 
+def plain_jax_forward(params: dict, state: dict, x: Any, training: bool = True
+                      ) -> tuple[Any, dict]:
+    """examples/jax_sharded_qat.py's forward in plain JAX ops, the same shapes and work:
+    lax's grouped convolution, batch norm in jnp (batch statistics, the running ones moved
+    as the example's), a straight-through fake quant in jnp (per output channel for the
+    filters, learned ranges for the activations; its rounding and nudging are not TF's: a
+    speed twin only)."""
+    import jax
+    import jax.numpy as jnp
+
+    def fake_quant(v: Any, lo: Any, hi: Any, qmin: int, qmax: int) -> Any:
+        scale = (hi - lo) / (qmax - qmin)
+        clipped = jnp.clip(v, lo, hi)
+        q = jnp.round((clipped - lo) / scale) * scale + lo
+        return clipped + jax.lax.stop_gradient(q - clipped)
+
+    def block(v: Any, w: Any, bn: dict, act: dict, stats: dict, stride: int) -> tuple:
+        kh, kw, c, m = w.shape
+        flat = w.reshape(kh, kw, 1, c * m)
+        lo = jax.lax.stop_gradient(jnp.minimum(flat.min(axis=(0, 1, 2)), 0.0))
+        hi = jax.lax.stop_gradient(jnp.maximum(flat.max(axis=(0, 1, 2)), 0.0))
+        y = jax.lax.conv_general_dilated(
+            v, fake_quant(flat, lo, hi, 1, 255), (stride, stride), "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c)
+        mean, var = y.mean(axis=(0, 1, 2)), y.var(axis=(0, 1, 2))
+        y = (y - mean) * jax.lax.rsqrt(var + 1e-3) * bn["scale"] + bn["offset"]
+        y = fake_quant(jnp.clip(y, 0.0, 6.0), act["min"], act["max"], 0, 255)
+        n = y.size // y.shape[-1]
+        f = 0.01
+        new = {"mean": (1 - f) * stats["mean"] + f * mean,
+               "variance": (1 - f) * stats["variance"] + f * var * n / max(n - 1, 1)}
+        return y, new if training else stats
+
+    y, s1 = block(x, params["dw1"], params["bn1"], params["act1"], state["bn1"], 1)
+    y, s2 = block(y, params["dw2"], params["bn2"], params["act2"], state["bn2"], 2)
+    return y.mean(axis=(1, 2)) @ params["w"] + params["b"], {"bn1": s1, "bn2": s2}
+
+
+def jax_training_steps_ms(steps: int, rounds: int, batches: tuple[int, ...] = (8, 32)
+                          ) -> dict[str, dict[str, float]]:
+    """One jitted SGD step of examples/jax_sharded_qat.py's model on one device: tfgrad's
+    ops exact (host callbacks into the kernels) and native (tfgrad's XLA implementation),
+    against the same net in plain JAX ops, interleaved in every round (XLA's own
+    threads: all of the machine's cores)."""
+    import jax
+    import jax_sharded_qat as ex
+
+    import tfgrad.jax as tj
+
+    def plain_loss(params: dict, state: dict, x: Any, labels: Any) -> tuple[Any, dict]:
+        logits, new_state = plain_jax_forward(params, state, x)
+        logp = jax.nn.log_softmax(logits)
+        return -(logp[jax.numpy.arange(labels.shape[0]), labels]).mean(), new_state
+
+    def plain_step(params: dict, state: dict, x: Any, labels: Any) -> tuple:
+        (loss, new_state), grads = jax.value_and_grad(plain_loss, has_aux=True)(
+            params, state, x, labels)
+        return ex._sgd(params, grads, 0.05), new_state, loss
+
+    out: dict[str, dict[str, float]] = {}
+    for batch in batches:
+        x, labels = ex.blobs(jax.random.PRNGKey(1), batch)
+        fns = {}
+        for name, impl, fn in (("tfgrad.jax exact", "exact", ex.train_step),
+                               ("tfgrad.jax native", "native", ex.train_step),
+                               ("plain JAX", "exact", plain_step)):
+            with tj.use_impl(impl):  # (read when the step is traced: here, on its first call)
+                step = jax.jit(fn)
+                box = list(ex.init(jax.random.PRNGKey(0)))
+                jax.block_until_ready(step(box[0], box[1], x, labels))
+
+            def run(step: Any = step, box: list = box, x: Any = x, labels: Any = labels
+                    ) -> None:
+                box[0], box[1], loss = step(box[0], box[1], x, labels)
+                jax.block_until_ready(loss)
+
+            fns[name] = run
+        for k, v in interleaved_us(fns, steps, rounds).items():
+            out[f"batch {batch}: {k}"] = summary([t / 1e3 for t in v])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="a few calls each (CI)")
@@ -289,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     step = None if args.no_step else training_steps_ms(
         steps, 1 if args.smoke else 7, (8,) if args.smoke else (8, 32),
         (1,) if args.smoke else (1, 2), compiled=not args.smoke)
+    jax_step = None if args.no_step or importlib.util.find_spec("jax") is None else \
+        jax_training_steps_ms(steps, 1 if args.smoke else 7, (8,) if args.smoke else (8, 32))
     print(f"tfgrad {tfgrad.__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} torch threads; {rounds} interleaved rounds of {n} "
           "calls: median [min, max], us per call")
@@ -304,6 +390,13 @@ def main(argv: list[str] | None = None) -> int:
             plain = step[k.replace("tfgrad.torch", "plain torch")]["median"]
             print(f"  {k:<44}  {v['median']:8.2f}  [{v['min']:.2f}, {v['max']:.2f}]  "
                   f"{v['median'] / plain:5.2f}x")
+    if jax_step is not None:
+        print("JAX example (examples/jax_sharded_qat.py, 16x16, one device): one jitted "
+              "training step, ms: median [min, max]; ratio of medians to plain JAX")
+        for k, v in jax_step.items():
+            plain = jax_step[k.split(": ")[0] + ": plain JAX"]["median"]
+            print(f"  {k:<44}  {v['median']:8.2f}  [{v['min']:.2f}, {v['max']:.2f}]  "
+                  f"{v['median'] / plain:5.2f}x")
     qat = None
     if args.qat:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -315,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"times_us": times, "overheads_us": overheads, "training_step_ms": step,
-             "qat_step_ms": qat}, indent=1))
+             "jax_training_step_ms": jax_step, "qat_step_ms": qat}, indent=1))
     return 0
 
 

@@ -143,6 +143,10 @@ def test_adapter_benchmark_smoke(tmp_path):
     assert {"batch 8, 1 thread: tfgrad.torch eager",
             "batch 8, 1 thread: plain torch eager"} <= set(steps)
     assert all(v["median"] > 0 for v in steps.values())
+    if importlib.util.find_spec("jax") is not None:
+        assert set(data["jax_training_step_ms"]) == {
+            "batch 8: tfgrad.jax exact", "batch 8: tfgrad.jax native", "batch 8: plain JAX"}
+        assert all(v["median"] > 0 for v in data["jax_training_step_ms"].values())
     for path in ("raw_ops over the kernel", "tfgrad.torch forward over the kernel",
                  "tfgrad.torch forward + backward over the kernels and the floor"):
         for op in ("fq", "dw"):  # (no bound asserted: the smoke run times 5 calls)
