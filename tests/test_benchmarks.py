@@ -151,3 +151,15 @@ def test_adapter_benchmark_smoke(tmp_path):
                  "tfgrad.torch forward + backward over the kernels and the floor"):
         for op in ("fq", "dw"):  # (no bound asserted: the smoke run times 5 calls)
             assert f"{op} {path}" in data["overheads_us"]
+
+
+def test_cold_start_smoke(tmp_path):
+    """benchmarks/cold_start.py, on the warm cache: the demo's compile step in a child
+    process, its seconds and compile events reported."""
+    out = tmp_path / "cold.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/cold_start.py"), "--warm",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kernels ready median" in r.stdout
+    (run,) = json.loads(out.read_text())["this"]
+    assert run["ready"] > 0 and isinstance(run["spans"], list)

@@ -145,6 +145,48 @@ def test_demo_quick_run_is_deterministic(tmp_path):
     assert any(hi != 3.0 for _, hi in a["activation_ranges"])  # the ranges are learned
 
 
+_DEMO_GRADS = r"""
+import json, sys
+import numba, numpy as np
+from tfgrad._cli import demo
+from tfgrad.kernels import depthwise_conv as K
+from tfgrad.kernels.depthwise_conv import backprop_filter, backprop_input, common, forward
+
+def used():  # every depthwise kernel's compiled signatures
+    found = {(repr(v), str(s)) for v, k in K._BUILT.items() for s in k.signatures}
+    for mod in (backprop_filter, backprop_input, common, forward):
+        for name, f in vars(mod).items():
+            for d in (f, getattr(f, "parallel", None), getattr(f, "serial", None)):
+                if isinstance(d, numba.core.dispatcher.Dispatcher):
+                    found |= {(mod.__name__ + "." + name, str(s)) for s in d.signatures}
+    return found
+
+rng = np.random.default_rng(0)
+model = demo.build_model(rng, 8)
+x = rng.random((4, 8, 8, 1), dtype=np.float32)
+demo.depthwise_grads(demo.depthwise_specs(model, x), numba.get_num_threads())
+child = used()
+demo.forward(model, x, demo.TRAIN)  # the forward's own kernels
+fwd = used()
+demo.backward(model, np.ones((4, 10), np.float32))
+print(json.dumps([sorted(child), sorted(used() - fwd)]))
+"""
+
+
+def test_demo_second_process_compiles_what_the_backward_takes():
+    """The demo's first step leaves depthwise's gradient kernels to a second process
+    (demo._start_depthwise_grads), which runs the two ops on the shapes the backward
+    gives them: it must select the same kernels with the same signatures, or the
+    backward compiles them again instead of loading them from the cache."""
+    r = subprocess.run([sys.executable, "-c", _DEMO_GRADS], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    child, backward = json.loads(r.stdout.strip().splitlines()[-1])
+    assert any("backprop_input" in k for k, _ in child)
+    assert any("backprop_filter" in k for k, _ in child)
+    assert {tuple(p) for p in backward} <= {tuple(p) for p in child}
+
+
 @pytest.mark.skipif(not has("sklearn", "tqdm"), reason="extra 'demo' not installed")
 def test_demo_bits_flag(tmp_path):
     r = tfgrad_cli(*DEMO_QUICK, "--bits", "4", "--no-plot", "--out", str(tmp_path))

@@ -24,6 +24,7 @@ from tfgrad._tf.depthwise import window
 from tfgrad.dispatch import depthwise_conv as K
 from tfgrad.kernels import _pool
 from tfgrad.kernels import depthwise_conv as KV
+from tfgrad.kernels._simd import HOST_AVX512
 from tfgrad.kernels.depthwise_conv import Variant
 
 raw = tfgrad.raw_ops
@@ -188,7 +189,7 @@ def test_backprop_filter_lane_vector_pairs_equal_reference(dtype, C, M, f, s, d,
         with tfgrad.use_impl(impl):
             out[impl] = BF(**kw, **attrs)
     oracle.assert_same(out["kernel"], out["reference"], what=f"{dtype} C={C} M={M} {attrs}")
-    assert Variant("backprop_filter", f, f) in KV._BUILT
+    assert Variant("backprop_filter", f, f, pair=KV.filter_pairs(f)) in KV._BUILT
 
 
 @pytest.mark.parametrize("dtype, C, M", [("float32", 8, 2), ("float64", 4, 2), ("float32", 16, 3),
@@ -236,8 +237,9 @@ def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, paddin
             with tfgrad.use_impl("kernel"):
                 out = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
             oracle.assert_same(out, bi, what=f"backprop_input {what} stream={stream}")
-            streamed = stream == 0 and M == 2 and C * np.dtype(dtype).itemsize % 64 == 0
-            assert Variant("backprop_input", f, f, blocked=True, pstream=streamed) in KV._BUILT
+            pair = HOST_AVX512 and M == 2 and C * np.dtype(dtype).itemsize % 64 == 0
+            assert Variant("backprop_input", f, f, blocked=True, pstream=pair and stream == 0,
+                           pair=pair) in KV._BUILT
         with tfgrad.use_impl("kernel"):
             oracle.assert_same(BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs),
                                bf, what="backprop_filter " + what)

@@ -15,8 +15,8 @@ import numpy as np
 from .._compile import threads
 from .._tf.depthwise import Geometry
 from ..kernels._pool import run as pool_run
-from ..kernels._simd import STREAM_MIN_BYTES, aligned_empty, stream_output
-from ..kernels.depthwise_conv import SIZES, Variant, kernel
+from ..kernels._simd import HOST_AVX512, STREAM_MIN_BYTES, aligned_empty, stream_output
+from ..kernels.depthwise_conv import SIZES, Variant, filter_pairs, kernel
 from ..kernels.depthwise_conv import backprop_filter as kbf
 from ..kernels.depthwise_conv import backprop_input as kbi
 from ..kernels.depthwise_conv import forward as kf
@@ -122,9 +122,12 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     # (M > 1 writes out after the multiplier reduction, one value at a time: no streaming,
     # but for M = 2's pair blocks, which write whole lane vectors of out: ``pstream``)
     # (M > 1 on whole lane vectors: out_backprop rows through a ring blocked by lane vector)
-    blocked = geo.M > 1 and geo.C * geo.M % (64 // g.dtype.itemsize) == 0
+    # (M = 2 there on AVX-512: pair blocks, two lane vectors each, over whole pairs)
+    nl = 64 // g.dtype.itemsize
+    blocked = geo.M > 1 and geo.C * geo.M % nl == 0
+    pair = HOST_AVX512 and blocked and geo.M == 2 and geo.C * geo.M % (2 * nl) == 0
     vec = _vec(mode, Variant("backprop_input", geo.fh, geo.fw, stream=stream and geo.M == 1,
-                             blocked=blocked, pstream=stream and geo.M == 2))
+                             blocked=blocked, pstream=stream and pair, pair=pair))
     finite = bool(np.isfinite(w).all())
     negz = np.zeros(geo.N * geo.H, np.bool_)  # input rows with a -0 to redo
     if finite and vec is not None:
@@ -152,7 +155,9 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     work = _macs(geo)
     nthreads = _threads(work)
     bufs = aligned_empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
-    vec = _vec(mode, Variant("backprop_filter", geo.fh, geo.fw))
+    # (C * M two lane vectors on AVX-512: sweeps over both)
+    pair = filter_pairs(geo.fw) and geo.C * geo.M == 2 * (64 // x.dtype.itemsize)
+    vec = _vec(mode, Variant("backprop_filter", geo.fh, geo.fw, pair=pair))
     if vec is not None and geo.N >= nthreads:
         _run(vec, geo.N, work, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
     elif geo.dw == 1 and geo.N >= nthreads:  # one task per image, filter rows as runs

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._simd import HOST_AVX512
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -30,32 +32,56 @@ class Variant:
     pstream: bool = False
     """BackpropInput with M = 2 on a streamed output: the pair blocks' stores
     non-temporal."""
+    pair: bool = False
+    """Two lane vectors at a time (AVX-512 only): BackpropInput's blocks with M = 2,
+    BackpropFilter's sweeps where C * M is two lane vectors. A kernel without it holds
+    no pair code: it compiles about twice as fast (the pair helpers are instances of
+    their own), and most shapes never take it."""
 
 
 SIZES = ((1, 1), (2, 2), (3, 3), (5, 5), (7, 7))
 """The filter sizes with register-blocked kernels (float32 / float64)."""
 
-_FLAGS: dict[str, tuple[dict[str, bool], ...]] = {
-    "forward": ({"stream": False}, {"stream": True}),
-    # (streaming with M = 1 only; pstream implies blocked: a streamed output's pixels are
-    # whole lines, so C * M is whole lane vectors)
-    "backprop_input": ({}, {"stream": True}, {"blocked": True},
-                       {"blocked": True, "pstream": True}),
-    "backprop_filter": ({},),
-}
+
+
+def filter_rows_per_sweep(fw: int) -> int:
+    """BackpropFilter: filter rows whose tap accumulators share one sweep of out_backprop:
+    as many (up to 3) as fit in the vector registers beside the operands. On AVX2 a
+    vector takes two of 16 registers: 3x3 takes 3 rows, 5x5 one (two rows' 10
+    accumulators would spill)."""
+    return min(3, max(1, (21 if HOST_AVX512 else 9) // fw))
+
+
+def filter_pairs(fw: int) -> bool:
+    """Whether BackpropFilter's sweeps take two lane vectors where C * M is two of them:
+    on AVX-512, where both vectors' accumulators fit in the registers."""
+    return HOST_AVX512 and 2 * filter_rows_per_sweep(fw) * fw <= 21
+
+
+def _flags(op: str, fw: int) -> tuple[dict[str, bool], ...]:
+    if op == "forward":
+        return ({"stream": False}, {"stream": True})
+    if op == "backprop_input":
+        # (streaming with M = 1 only; pstream with pair only, which implies blocked: a
+        # streamed output's pixels are whole lines, so C * M is whole lane vectors)
+        pairs = ({"blocked": True, "pair": True},
+                 {"blocked": True, "pair": True, "pstream": True}) if HOST_AVX512 else ()
+        return ({}, {"stream": True}, {"blocked": True}, *pairs)
+    return ({}, {"pair": True}) if filter_pairs(fw) else ({},)
+
 
 VARIANTS: tuple[Variant, ...] = tuple(
-    Variant(op, fh, fw, **flags) for op, combos in _FLAGS.items() for fh, fw in SIZES
-    for flags in combos)
-"""Every register-blocked kernel a call can select."""
+    Variant(op, fh, fw, **flags) for op in ("forward", "backprop_input", "backprop_filter")
+    for fh, fw in SIZES for flags in _flags(op, fw))
+"""Every register-blocked kernel a call can select on this machine."""
 
 _BUILT: dict[Variant, Any] = {}
 
 
 def kernel(v: Variant) -> Any:
     """The compiled kernel of variant ``v`` (built on first use; Numba compiles it on its
-    first call, or loads it from its on-disk cache). The table itself loads no Numba:
-    the kernel modules are imported here."""
+    first call, or loads it from its on-disk cache). The kernel modules are imported
+    here."""
     if v not in _BUILT:
         if v not in VARIANTS:
             raise KeyError(f"no register-blocked depthwise kernel {v}")
@@ -65,7 +91,7 @@ def kernel(v: Variant) -> Any:
             _BUILT[v] = forward.make_vec(v.fh, v.fw, stream=v.stream)
         elif v.op == "backprop_input":
             _BUILT[v] = backprop_input.make_vec(v.fh, v.fw, stream=v.stream, blocked=v.blocked,
-                                                pstream=v.pstream)
+                                                pstream=v.pstream, pair=v.pair)
         else:
-            _BUILT[v] = backprop_filter.make_vec(v.fh, v.fw)
+            _BUILT[v] = backprop_filter.make_vec(v.fh, v.fw, pair=v.pair)
     return _BUILT[v]

@@ -20,6 +20,7 @@ from .._simd import (
     vstore_part,
     vzeros,
 )
+from . import filter_rows_per_sweep
 from .common import (
     NONE,
     _mac,
@@ -390,26 +391,23 @@ def _filter_group(xf, n, top, dh, rg, nr, H, W, C, M, NL, ring, tags, blocked, r
     return inside
 
 
-def _filter_rows_per_sweep(FW: int) -> int:
-    """Filter rows whose tap accumulators share one sweep of out_backprop: as many (up to
-    3) as fit in the vector registers beside the operands. On AVX2 a vector takes two of
-    16 registers: 3x3 takes 3 rows, 5x5 one (two rows' 10 accumulators would spill)."""
-    return min(3, max(1, (21 if HOST_AVX512 else 9) // FW))
-
-
-def make_vec(FH: int, FW: int):
-    NR = _filter_rows_per_sweep(FW)
+def make_vec(FH: int, FW: int, *, pair: bool):
+    NR = filter_rows_per_sweep(FW)
     # 5x5 with AVX-512: all five rows' 25 accumulators in one sweep where every row is
     # inside: each out_backprop vector is loaded once, not twice as with rows 3 + 2. Not
     # where a padding row is among the five: that would put the whole sweep on the
     # checked path.
     NRI = 5 if HOST_AVX512 and FH == 5 and FW == 5 else NR
-    PAIR = HOST_AVX512 and 2 * NR * FW <= 21  # (two lane vectors' accumulators fit)
+    # Variant.pair (the dispatch sets it exactly where C * M is two lane vectors and
+    # filter_pairs holds): without it Numba prunes the branch that tests it first, and the
+    # pair sweep is not compiled. (With it the other sweeps stay: the pair kernel alone
+    # ran ~8% slower at stride 2, its registers allocated otherwise; benchmarks/RESULTS.md.)
+    PAIR = pair
 
     @jit(nogil=True)
     def kernel(x, g, bufs, sh, sw, dh, dw, pt, pl, ctl, size, ntasks):
         """bufs[n] = image n's filter gradient, one task per image: for each output row,
-        lane vector (or pair, PAIR) and group of NR (up to three; NRI, five, for 5x5 rows
+        lane vector (or both, PAIR) and group of NR (up to three; NRI, five, for 5x5 rows
         all inside) filter rows, those rows' taps' accumulators (up to 25 vectors) stay in
         registers over the output columns, taken in order (padding taps add g * 0). One
         sweep of the columns feeds every tap of the group, so each out_backprop vector is

@@ -11,7 +11,6 @@ import numpy as np
 from ..._compile import inline, jit
 from .._pool import claim
 from .._simd import (
-    HOST_AVX512,
     aligned_scratch,
     nlanes,
     prefetch,
@@ -347,8 +346,11 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
     return neg
 
 
-def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
-    PAIR = HOST_AVX512  # (two lane vectors' 8 accumulators and operands fit)
+def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pair: bool):
+    # Variant.pair (AVX-512: two lane vectors' 8 accumulators and operands fit; the
+    # dispatch sets it exactly where the run-time ``pair`` below holds): without it Numba
+    # prunes the branches that test it first, and _bi_block's pair instances go uncompiled.
+    PAIR = pair
 
     @jit(nogil=True)
     def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, ctl, size, ntasks):
@@ -429,12 +431,12 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool):
                                 uk = k * _P
                                 o, op = db + (ph + uk * sw) * CM, o0 + (ph + uk * sw) * C
                                 inner = U0 <= uk and uk + _P <= U1  # (else: missed taps add 0)
-                                if pair and inner:
+                                if PAIR and pair and inner:
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
                                                      FW, ow, check=False, unit=unit,
                                                      stream=pstream, pair=True)
-                                elif pair:
+                                elif PAIR and pair:
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
                                                      FW, ow, check=True, unit=unit,

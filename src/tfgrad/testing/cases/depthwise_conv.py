@@ -480,7 +480,9 @@ def variant_size(v: Variant, dname: str) -> dict[str, int]:
     line = 16 if dname == "f32" else 8  # (elements in a 64-byte line)
     if v.stream or v.pstream:  # an output of 4 MiB (the streaming minimum), whole lines
         return dict(N=1, H=256, W=256, C=line, M=2 if v.pstream else 1)
-    if v.blocked:  # C * M whole lane vectors
+    if v.pair:  # C * M two lane vectors
+        return dict(N=1, H=9, W=9, C=line, M=2)
+    if v.blocked:  # C * M one lane vector
         return dict(N=1, H=9, W=9, C=line // 2, M=2)
     return dict(N=1, H=9, W=9, C=3, M=1)
 
@@ -489,7 +491,8 @@ VARIANT_WARMUP: list[tuple[Variant, Warmup]] = [
     (v, Warmup(c.op, c.name, c.make, v.stream or v.pstream))
     for v in VARIANTS for dname in ("f32", "f64")
     for c in _cases(f"variant_{v.op}_{v.fh}x{v.fw}{'_stream' if v.stream else ''}"
-                    f"{'_blocked' if v.blocked else ''}{'_pstream' if v.pstream else ''}",
+                    f"{'_blocked' if v.blocked else ''}{'_pstream' if v.pstream else ''}"
+                    f"{'_pair' if v.pair else ''}",
                     **variant_size(v, dname), fh=v.fh, fw=v.fw, dtypes=(dname,),
                     ops=(_VARIANT_OPS[v.op],))
 ]
