@@ -133,7 +133,8 @@ def make_function(op: OpDef) -> Callable[..., Any]:
         return eager(a)
 
     def fn(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("name", None)
+        if kwargs:
+            kwargs.pop("name", None)
         if not torch.compiler.is_compiling() and plain_eager():
             out = eager_call(args, kwargs)
             if out is not FALLBACK:

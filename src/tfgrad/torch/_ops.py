@@ -617,13 +617,6 @@ def plain_eager() -> bool:
                 or _C._autograd._profiler_enabled() or _forward_ad._current_level >= 0)
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    try:
-        return t.numpy() if not t.requires_grad else t.detach().numpy()
-    except (RuntimeError, TypeError):  # (a negative bit; bfloat16)
-        return to_numpy(t)
-
-
 def _tensor(a: Any) -> torch.Tensor:
     if type(a) is not np.ndarray:
         a = np.asarray(a)
@@ -656,22 +649,26 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     which takes exactly what torch's argument parser takes and tfgrad's checks accept
     (ints, floats or ints for floats, bools, strings, lists or tuples of those)."""
     names = _Binder(op).names
-    optional = tuple(_Binder(op).defaults.items())
+    defaults = _Binder(op).defaults
     n_names = len(names)
     tensor_inputs = tuple((i.name, tuple(getattr(torch, d) for d in _ALLOWED[op.name, i.name]))
                           for i in op.inputs if not i.is_shape)
-    others = tuple(i.name for i in op.inputs if i.is_shape) + tuple(a.name for a in op.attrs)
     n_out = len(op.outputs)
     seeds = takes_seeds(op)
     _, backward, setup = _autograd(op)
+    signature = _api.key_function(op)
 
     def finish(a: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
         out = _api.run(op, arguments, key)
-        out = tuple(out) if n_out > 1 else (out,)
+        if n_out == 1:  # (_owned's test and _tensor for one array, inline)
+            if (type(out) is np.ndarray and out.base is None and out.flags.owndata
+                    and out.dtype != _BF16):
+                return torch.from_numpy(out)
+            return _fresh((_tensor(out),), [a[n] for n, _ in tensor_inputs])[0]
         outs = tuple(_tensor(o) for o in out)
         if not _owned(out):
             outs = _fresh(outs, [a[n] for n, _ in tensor_inputs])
-        return outs if n_out > 1 else outs[0]
+        return outs
 
     def forward(ctx: Any, *args: Any) -> Any:
         a = dict(zip(names, args))
@@ -691,33 +688,36 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     apply = super(torch.autograd.Function, function).apply  # type: ignore[misc]
 
     def call(a: dict[str, Any]) -> Any:
-        if len(a) != n_names:  # (a missing required argument falls back)
-            for n, v in optional:
-                if n not in a:
-                    a[n] = v
+        """``a``: arguments by schema name (no other name); missing ones take the
+        schema's defaults, a missing required one falls back."""
+        if len(a) != n_names:
+            a = {**defaults, **a}
             if len(a) != n_names:
                 return FALLBACK
         grad = False
-        arguments: dict[str, Any] = {}
+        arguments = dict(a)  # (the tensors replaced by their arrays below)
         for n, allowed in tensor_inputs:
             t = a[n]
             if (type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED
                     or t.dtype not in allowed):
                 return FALLBACK
-            if t.requires_grad:
-                grad = True
-            arguments[n] = _numpy(t)
-        for n in others:
-            arguments[n] = a[n]
+            try:  # (zero-copy where torch allows it)
+                if t.requires_grad:
+                    grad = True
+                    arguments[n] = t.detach().numpy()
+                else:
+                    arguments[n] = t.numpy()
+            except (RuntimeError, TypeError):  # (a negative bit; bfloat16)
+                arguments[n] = to_numpy(t)
         if seeds:
-            t = a["seeds"]
+            t = arguments.pop("seeds")
             if t is not None:
                 if type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED:
                     return FALLBACK
                 if t.requires_grad:
                     grad = True
                 arguments.update(_seed_attrs(a))
-        key = _api.signature(op, arguments)
+        key = signature(arguments)
         if key is None:
             return FALLBACK
         if grad and _C.is_grad_enabled():
