@@ -117,6 +117,20 @@ def test_warmup_one_family():
     assert re.search(r"warmup: \d+ calls in [\d.]+ s \(kernel\); 0 failed", r.stdout)
 
 
+def test_warmup_jobs_split_a_family_by_its_groups():
+    """``--jobs`` runs depthwise's three ops in separate processes (WARMUP_GROUPS, which
+    cover the family's ops once each); the other families stay whole."""
+    from tfgrad._cli.warmup import units
+    from tfgrad.testing.cases import depthwise_conv
+
+    groups = [o for g in depthwise_conv.WARMUP_GROUPS for o in g]
+    assert sorted(groups) == sorted(n for n, o in OPS.items() if o.family == "depthwise_conv")
+    assert units(["fake_quant", "depthwise_conv"], None) == [
+        ("fake_quant", None), *(("depthwise_conv", list(g)) for g in depthwise_conv.WARMUP_GROUPS)]
+    bi = "DepthwiseConv2dNativeBackpropInput"
+    assert units(["depthwise_conv"], [bi]) == [("depthwise_conv", [bi])]
+
+
 # --- demo ----------------------------------------------------------------------------------
 DEMO_QUICK = ("demo", "--epochs", "1", "--train-size", "192", "--no-progress")
 

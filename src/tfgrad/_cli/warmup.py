@@ -51,7 +51,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="run the NumPy reference on the tiny inputs instead (checks it runs; "
                    "compiles nothing)")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                   help="warm the families in N processes at once (default 1)")
+                   help="warm the families (depthwise: each op) in N processes at once "
+                   "(default 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     return p
 
@@ -123,6 +124,22 @@ def warm_family(family: str, ops: list[str] | None, small: bool, impl: str,
     return len(todo), lines, failed
 
 
+def units(families: list[str], ops: list[str] | None) -> list[tuple[str, list[str] | None]]:
+    """What ``--jobs`` hands its processes: (family, its ops or None for all of them), a
+    family split by its ``WARMUP_GROUPS`` (ops whose kernels share no compiled function)."""
+    out: list[tuple[str, list[str] | None]] = []
+    for f in families:
+        groups = getattr(testing.family(f), "WARMUP_GROUPS", None)
+        if not groups:
+            out.append((f, ops))
+            continue
+        for g in groups:
+            chosen = [o for o in g if not ops or o in ops]
+            if chosen:
+                out.append((f, chosen))
+    return out
+
+
 def cache_location() -> str:
     import numba
 
@@ -153,18 +170,19 @@ def run(args: argparse.Namespace) -> int:
     small = args.small or args.reference  # (the references are slow on the large inputs)
     n_calls, failed = 0, []
     t_all = time.perf_counter()
-    if args.jobs > 1 and len(families) > 1:
-        # One family per process: Numba's cache index of a function is rewritten whole by
+    todo = units(families, ops)
+    if args.jobs > 1 and len(todo) > 1:
+        # One unit per process: Numba's cache index of a function is rewritten whole by
         # each process that adds to it, so no two processes may compile the same function.
         import concurrent.futures
         import multiprocessing
 
-        # The families with the most inputs first: the longest, as a rule, start first.
-        families.sort(key=lambda f: -len(calls(testing.family(f), ops, small)))
+        # The units with the most inputs first: the longest, as a rule, start first.
+        todo.sort(key=lambda u: -len(calls(testing.family(u[0]), u[1], small)))
         with concurrent.futures.ProcessPoolExecutor(
                 args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(warm_family, f, ops, small, impl, args.quiet, False)
-                       for f in families]
+            futures = [pool.submit(warm_family, f, unit_ops, small, impl, args.quiet, False)
+                       for f, unit_ops in todo]
             for fut in concurrent.futures.as_completed(futures):
                 n, lines, fails = fut.result()
                 n_calls += n

@@ -469,6 +469,12 @@ WARMUP: list[Warmup] = [
                     pads=pads, dil=(d, d), nchw=nchw, dtypes=ALL4, inf_filter=inf)
 ]
 
+WARMUP_GROUPS = (("DepthwiseConv2dNative",), ("DepthwiseConv2dNativeBackpropInput",),
+                 ("DepthwiseConv2dNativeBackpropFilter",))
+"""Ops whose kernels share no compiled function (each op's kernels live in a module of
+their own): ``tfgrad warmup --jobs`` may warm them in separate processes. The family
+compiles the most of all: in one process it was the whole warmup's critical path."""
+
 # One input per register-blocked kernel of the variant table (``VARIANTS``), in float32 and
 # float64, whatever the cases and benchmarks select (tests/test_depthwise_conv.py checks
 # that each input selects its variant).
