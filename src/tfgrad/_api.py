@@ -154,11 +154,6 @@ def signature(op: OpDef, arguments: dict[str, Any]) -> tuple | None:
     return _KEYS[op.name](arguments)
 
 
-def key_function(op: OpDef) -> Callable[[dict[str, Any]], tuple | None]:
-    """``signature`` for ``op``'s calls, as a function of the arguments alone."""
-    return _KEYS[op.name]
-
-
 def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
     if key is _NO:
         key = _KEYS[op.name](arguments)

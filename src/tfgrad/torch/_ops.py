@@ -656,7 +656,6 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     n_out = len(op.outputs)
     seeds = takes_seeds(op)
     _, backward, setup = _autograd(op)
-    signature = _api.key_function(op)
 
     def finish(a: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
         out = _api.run(op, arguments, key)
@@ -717,7 +716,7 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
                 if t.requires_grad:
                     grad = True
                 arguments.update(_seed_attrs(a))
-        key = signature(arguments)
+        key = _api.signature(op, arguments)
         if key is None:
             return FALLBACK
         if grad and _C.is_grad_enabled():

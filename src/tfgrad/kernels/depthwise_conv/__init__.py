@@ -35,13 +35,12 @@ class Variant:
     pair: bool = False
     """Two lane vectors at a time (AVX-512 only): BackpropInput's blocks with M = 2,
     BackpropFilter's sweeps where C * M is two lane vectors. A kernel without it holds
-    no pair code: it compiles about twice as fast (the pair helpers are instances of
-    their own), and most shapes never take it."""
+    no pair code, so it compiles none of the pair helpers' instances (most shapes never
+    take them)."""
 
 
 SIZES = ((1, 1), (2, 2), (3, 3), (5, 5), (7, 7))
 """The filter sizes with register-blocked kernels (float32 / float64)."""
-
 
 
 def filter_rows_per_sweep(fw: int) -> int:

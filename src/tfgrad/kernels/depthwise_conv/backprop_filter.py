@@ -400,8 +400,8 @@ def make_vec(FH: int, FW: int, *, pair: bool):
     NRI = 5 if HOST_AVX512 and FH == 5 and FW == 5 else NR
     # Variant.pair (the dispatch sets it exactly where C * M is two lane vectors and
     # filter_pairs holds): without it Numba prunes the branch that tests it first, and the
-    # pair sweep is not compiled. (With it the other sweeps stay: the pair kernel alone
-    # ran ~8% slower at stride 2, its registers allocated otherwise; benchmarks/RESULTS.md.)
+    # pair sweep is not compiled. (With it the other sweeps stay: without them the pair
+    # kernel's registers were allocated otherwise and it ran slower; RESULTS.md.)
     PAIR = pair
 
     @jit(nogil=True)
