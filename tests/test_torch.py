@@ -230,6 +230,40 @@ def test_eager_calls_equal_the_operator():
         assert torch.equal(a, b)
 
 
+def test_eager_multi_output_node_returns_only_differentiable_outputs():
+    """Batch norm's eager node holds y alone (its other five outputs bypass it): those are
+    plain tensors as the operator's non-differentiable outputs are, a saved one modified
+    in place still stops the backward, and first and second derivatives equal the
+    operator's."""
+    from tfgrad.torch import _ops
+
+    x, s, o = torch.randn(2, 3, 3, 4), torch.rand(4) + 0.5, torch.randn(4)
+    e = torch.empty(0)
+    results = []
+    for call in (tt.fused_batch_norm_v3, _ops.OPERATORS["FusedBatchNormV3"]):
+        leaves = [v.clone().requires_grad_() for v in (x, s, o)]
+        out = call(*leaves, e, e)
+        for t in out[1:]:
+            assert not t.requires_grad and t.grad_fn is None
+        results.append((*out, *torch.autograd.grad(out[0].pow(2).sum(), leaves)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    for call in (tt.fused_batch_norm_v3, _ops.OPERATORS["FusedBatchNormV3"]):
+        leaves = [v.clone().requires_grad_() for v in (x, s, o)]
+        out = call(*leaves, e, e)
+        out[3].add_(1.0)  # reserve_space_1: saved for the gradient
+        with pytest.raises(RuntimeError, match="inplace operation"):
+            out[0].sum().backward()
+    second = []
+    for call in (tt.fused_batch_norm_v3, _ops.OPERATORS["FusedBatchNormV3"]):
+        leaves = [v.clone().requires_grad_() for v in (x, s, o)]
+        (dx,) = torch.autograd.grad(call(*leaves, e, e)[0].pow(2).sum(), leaves[:1],
+                                    create_graph=True)
+        second.append(torch.autograd.grad(dx.pow(2).sum(), leaves))
+    for a, b in zip(*second):
+        assert torch.equal(a, b)
+
+
 def test_eager_calls_fall_back_to_the_operator_where_they_must():
     """Under a torch-function mode, a functorch transform, autocast or no grad (with
     ints for float attrs) the calls give what the operator gives."""

@@ -643,6 +643,36 @@ def _owned(outs: Sequence[Any]) -> bool:
     return len(roots) == 1 or len(set(roots)) == len(roots)
 
 
+class _Node:
+    """An eager forward's autograd node, worked out once per signature (the forward's
+    ``_api`` key fixes its attrs, shapes and dtypes): what it saves (("input", k): the
+    k-th tensor input; ("output", k)), the outputs it returns where some are not
+    differentiable (the others bypass the node: torch wraps each output of an
+    autograd.Function, ~3 us apiece), and its gradient calls."""
+
+    __slots__ = ("save", "diff", "steps")
+
+    def __init__(self, save: list[tuple[str, int]], diff: list[int] | None,
+                 steps: list[_GradCall]) -> None:
+        self.save, self.diff, self.steps = save, diff, steps
+
+
+class _GradCall:
+    """One gradient-op call of a ``_Node``: the op, its attrs and shape inputs (fixed by
+    the forward's signature), where each tensor argument comes from (the k-th incoming
+    gradient, or the k-th saved tensor), and which of ``apply``'s arguments (the payload
+    first, then the tensor inputs) gets which of its outputs."""
+
+    __slots__ = ("op", "fixed", "sources", "gives")
+
+    def __init__(self, op: str, fixed: dict[str, Any], sources: list[tuple[str, bool, int]],
+                 gives: list[tuple[int, int]]) -> None:
+        self.op, self.fixed, self.sources, self.gives = op, fixed, sources, gives
+
+
+_NODES_MAX = 1024
+
+
 def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     """``op``'s eager call on its arguments by name (the schema's; missing ones take the
     schema's defaults), or FALLBACK. The attrs' types are those of ``_api.signature``,
@@ -653,30 +683,108 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     n_names = len(names)
     tensor_inputs = tuple((i.name, tuple(getattr(torch, d) for d in _ALLOWED[op.name, i.name]))
                           for i in op.inputs if not i.is_shape)
+    tensor_names = [n for n, _ in tensor_inputs]
+    input_names = [i.name for i in op.inputs]
+    out_names = [o.name for o in op.outputs]
     n_out = len(op.outputs)
     seeds = takes_seeds(op)
     _, backward, setup = _autograd(op)
+    # the backward without torch's operator machinery: every gradient call through the
+    # gradient table (no linearised composite), first derivatives (no create_graph)
+    direct = op.name in _gradients.GRADIENTS and op.name not in _gradients.LINEARISED
+    diff_outputs = set(_gradients.differentiable_outputs(op.name)) if direct else set()
+    nodes: dict[tuple, _Node] = {}
 
-    def finish(a: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
+    def finish(inputs: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
         out = _api.run(op, arguments, key)
         if n_out == 1:  # (_owned's test and _tensor for one array, inline)
             if (type(out) is np.ndarray and out.base is None and out.flags.owndata
                     and out.dtype != _BF16):
                 return torch.from_numpy(out)
-            return _fresh((_tensor(out),), [a[n] for n, _ in tensor_inputs])[0]
+            return _fresh((_tensor(out),), [inputs[n] for n in tensor_names])[0]
         outs = tuple(_tensor(o) for o in out)
         if not _owned(out):
-            outs = _fresh(outs, [a[n] for n, _ in tensor_inputs])
+            outs = _fresh(outs, [inputs[n] for n in tensor_names])
         return outs
 
-    def forward(ctx: Any, *args: Any) -> Any:
-        a = dict(zip(names, args))
-        out = finish(a, *args[-1])
-        setup(ctx, a, out)
-        return out
+    FINISH[op.name] = finish
+
+    def node(a: dict[str, Any], key: tuple) -> _Node:
+        """The autograd node of a forward call with arguments ``a`` and signature ``key``."""
+        found = nodes.get(key)
+        if found is not None:
+            return found
+        steps = _gradients.steps(op.name, a)
+        save: list[tuple[str, int]] = []
+
+        def slot(kind: str, name: str) -> int:
+            k = (kind, tensor_names.index(name) if kind == "input" else out_names.index(name))
+            if k not in save:
+                save.append(k)
+            return save.index(k)
+
+        diff = [k for k, n in enumerate(out_names) if n in diff_outputs]
+        calls = []
+        for step in steps:
+            fixed = step.call_attrs(a)
+            sources = []
+            for arg, kind, src, index in step.sources:
+                if kind == "shape":
+                    fixed[arg] = [int(v) for v in a[src].shape]
+                elif kind == "grad":
+                    sources.append((arg, True, diff.index(index)))
+                else:
+                    sources.append((arg, False, slot(kind, src)))
+            gives = [(1 + tensor_names.index(input_names[k]), r) for _, k, r in step.gives
+                     if input_names[k] in tensor_names]
+            calls.append(_GradCall(step.op, fixed, sources, gives))
+        if len(nodes) >= _NODES_MAX:
+            nodes.clear()
+        found = nodes[key] = _Node(save, diff if len(diff) < n_out else None, calls)
+        return found
+
+    def forward(ctx: Any, payload: tuple, *tensors: Any) -> Any:
+        a, arguments, key, box = payload
+        out = finish(a, arguments, key)
+        if not direct:
+            setup(ctx, a, out)
+            ctx.direct = None
+            return out
+        n = ctx.direct = node(a, key)
+        outs = out if n_out > 1 else (out,)
+        # (a saved output that the node does not return: an intermediate, whose version
+        # torch checks all the same)
+        ctx.save_for_backward(*[tensors[k] if kind == "input" else outs[k]
+                                for kind, k in n.save])
+        if n.diff is None:
+            return out
+        box.append((outs, n.diff))
+        return tuple(outs[k] for k in n.diff)
 
     def backward_eager(ctx: Any, *grads: Any) -> tuple:
-        return (*backward(ctx, *grads), None)
+        n = ctx.direct
+        if n is None:  # (the operator's backward, the arguments in schema order)
+            result = backward(ctx, *grads)
+            return (None, *(result[input_names.index(t)] for t in tensor_names))
+        needs = ctx.needs_input_grad
+        saved = ctx.saved_tensors
+        result: list[Any] = [None] * (1 + len(tensor_names))
+        fast = not _C.is_grad_enabled() and plain_eager()
+        for call in n.steps:
+            if not any(needs[k] for k, _ in call.gives):
+                continue
+            res = None
+            if fast:
+                res = _gradient_call(call, grads, saved)
+            if res is None:  # (create_graph, or tensors the direct call does not take)
+                args = dict(call.fixed)
+                for arg, is_grad, k in call.sources:
+                    args[arg] = grads[k] if is_grad else saved[k]
+                res = invoke(call.op, args)
+            res = res if isinstance(res, tuple) else (res,)
+            for k, r in call.gives:
+                result[k] = res[r]
+        return tuple(result)
 
     function = type(f"GeneratedBackwardFor_{NAMESPACE}_{op.snake_name}_default",
                     (torch.autograd.Function,),
@@ -720,10 +828,38 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
         if key is None:
             return FALLBACK
         if grad and _C.is_grad_enabled():
-            return apply(*[a[n] for n in names], (arguments, key))
+            box: list[tuple] = []
+            out = apply((a, arguments, key, box), *[a[n] for n in tensor_names])
+            if not box:
+                return out
+            outs, diff = box[0]
+            outs = list(outs)
+            for k, t in zip(diff, out):
+                outs[k] = t
+            return tuple(outs)
         return finish(a, arguments, key)
 
     return call
+
+
+def _gradient_call(call: _GradCall, grads: tuple, saved: tuple) -> Any:
+    """A gradient call of an eager node on its tensors' arrays, or None where a tensor is
+    not a plain dense CPU tensor (then the operator's path says what is wrong)."""
+    args = dict(call.fixed)
+    tensors = {}
+    for arg, is_grad, k in call.sources:
+        t = grads[k] if is_grad else saved[k]
+        if type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED:
+            return None
+        tensors[arg] = t
+        try:
+            args[arg] = t.numpy() if not t.requires_grad else t.detach().numpy()
+        except (RuntimeError, TypeError):  # (a negative bit; bfloat16)
+            args[arg] = to_numpy(t)
+    key = _api.signature(OPS[call.op], args)
+    if key is None:
+        return None
+    return FINISH[call.op](tensors, args, key)
 
 
 def invoke(op_name: str, kwargs: dict[str, Any]) -> Any:
@@ -755,6 +891,10 @@ OPERATORS: dict[str, Any] = {}
 
 EAGER: dict[str, Callable[[dict[str, Any]], Any]] = {}
 """TF op name -> its eager call (see ``invoke``)."""
+
+FINISH: dict[str, Callable[[dict[str, Any], dict[str, Any], tuple], Any]] = {}
+"""TF op name -> its eager call's last part: the op on validated-once arguments (arrays)
+with their signature, the outputs as fresh tensors."""
 
 for _op in OPS.values():
     OPERATORS[_op.name] = _register(_op)
