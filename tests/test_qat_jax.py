@@ -277,6 +277,82 @@ def test_float_model_loads_as_float(saved: dict) -> None:
         m.apply(m.variables, np.zeros((2, 25), np.float32))
 
 
+# --- the fused exact path: one callback each way -----------------------------------------
+
+FUSED = ("depthwise_chain", "separable", "mlp", "mobilenet_v2")
+
+
+def _callbacks(fn: object, *args: object) -> int:
+    """The fused path's callbacks in fn's jaxpr (the op-by-op path holds tfgrad's
+    primitives instead, lowered to callbacks later)."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    return text.count("pure_callback")
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_is_op_by_op(saved: dict, name: str) -> None:
+    """KerasModel.fused (the default where the program runs the model): the jitted
+    training step's outputs, gradients of the params and of the input, the new state
+    after each step, and the eval forward, bit for bit those of a callback per op;
+    the fused step holds two callbacks (forward, backward)."""
+    import tfgrad.jax as tj
+
+    m = jq.load_keras(saved[name][1])
+    assert m.fused
+    k = models.keras().models.load_model(saved[name][0], compile=False)  # (the float one)
+    xs, cs = models.batches(k, 2, 6, seed=11)
+
+    def loss(params: dict, state: dict, x: object, c: object) -> tuple:
+        y, new = m.apply({"params": params, "state": state}, x, training=True)
+        return jnp.sum(y * c), (y, new["state"])
+
+    def run(fused: bool) -> list:
+        m.fused = fused
+        step = jax.jit(jax.grad(loss, argnums=(0, 2), has_aux=True))
+        params, state = m.variables["params"], m.variables["state"]
+        got = []
+        for x, c in zip(xs, cs):
+            (g, gx), (y, state) = step(params, state, x, c)
+            params = jax.tree.map(lambda p, d: p - jnp.float32(LR) * d, params, g)
+            got.append(jax.tree.map(np.asarray, (y, g, gx, state)))
+        v = {"params": params, "state": state}
+        got.append(np.asarray(jax.jit(lambda v, x: m.apply(v, x)[0])(v, xs[0])))
+        got.append(_callbacks(step, m.variables["params"], m.variables["state"], xs[0], cs[0]))
+        return got
+
+    with tj.use_impl("exact"):
+        fused, per_op = run(True), run(False)
+    m.fused = True
+    assert fused[-1] == 2 and per_op[-1] == 0
+    for a, b in zip(jax.tree.leaves(fused[:-1]), jax.tree.leaves(per_op[:-1])):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+
+
+def test_fused_only_where_every_op_runs_exact(saved: dict) -> None:
+    """use_impl("native") and a replica axis run op by op (the replica means sit inside
+    the forward), as does fused = False."""
+    import tfgrad.jax as tj
+
+    m = jq.load_keras(saved["depthwise_chain"][1])
+    x = np.zeros((2, *models.input_shape(
+        models.keras().models.load_model(saved["depthwise_chain"][0], compile=False))),
+        np.float32)
+
+    def fwd() -> object:  # (a new function each time: fused is read when it is traced)
+        return lambda v, x: m.apply(v, x, training=True)[0]
+
+    with tj.use_impl("exact"):
+        assert _callbacks(fwd(), m.variables, x) == 1
+    with tj.use_impl("native"):
+        assert _callbacks(fwd(), m.variables, x) == 0
+    with tj.use_impl("exact"):
+        m.fused = False
+        assert _callbacks(fwd(), m.variables, x) == 0
+        m.fused = True
+        assert not m._fused.usable(True, "r")  # type: ignore[union-attr]
+
+
 # --- shard_map: the replica mean ---------------------------------------------------------
 
 _SHARD_WORKER = r"""

@@ -154,6 +154,38 @@ class Tape:
                 self._gradient(name, ins, attrs, outs, gouts, add)
         return g
 
+    def reads(self) -> tuple[set[int], set[int]]:
+        """The slots whose values :meth:`backward` reads, and those whose shapes alone
+        it reads (a framework that keeps the tape's values elsewhere between the forward
+        and the backward keeps only the first)."""
+        values: set[int] = set()
+        shapes: set[int] = set()
+        for name, ins, attrs, outs in self.records:
+            if name in ("add", "pad"):
+                continue
+            if name == "concat":
+                shapes.update(ins.values())
+            elif name == "reshape":
+                shapes.add(ins["x"])
+            elif name == "Mean":
+                shapes.update((ins["input"], outs[0]))
+            elif name == "Softmax":
+                values.add(outs[0])
+            else:  # (as _gradient reads them)
+                for step in _gradients.steps(name, attrs):
+                    if step.op == "Identity":
+                        continue
+                    for _, kind, src, k in step.sources:
+                        if kind == "grad":  # (zeros of its shape where no gradient came)
+                            shapes.add(outs[k])
+                        elif kind == "shape":
+                            shapes.add(ins[src])
+                        elif kind == "input":
+                            values.add(ins[src])
+                        else:
+                            values.add(outs[k])
+        return values, shapes - values
+
     def _gradient(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
                   outs: tuple[int, ...], gouts: list[Any], add: Callable) -> None:
         """TF's gradient function of a raw op: the table's gradient calls."""
