@@ -20,7 +20,8 @@ import torch
 from .. import _api, _validate, raw_ops
 from .._errors import InvalidArgumentError
 from .._opdefs import OPS, OpDef
-from ._ops import EAGER, FALLBACK, OPERATORS, plain_eager, takes_seeds
+from ._eager import EAGER, FALLBACK, plain_eager
+from ._ops import OPERATORS, takes_seeds
 
 
 def _as_ints(v: Any) -> list[int]:
@@ -111,7 +112,7 @@ def make_function(op: OpDef) -> Callable[..., Any]:
     eager = EAGER[op.name]
 
     def eager_call(args: tuple, kwargs: dict[str, Any]) -> Any:
-        """The call without the dispatcher (``_ops.invoke``), or FALLBACK."""
+        """The call without the dispatcher (``_eager.invoke``), or FALLBACK."""
         if len(args) > len(params):
             return FALLBACK
         a = dict(zip(params, args))

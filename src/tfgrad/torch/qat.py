@@ -28,8 +28,8 @@ from torch import nn
 from .. import qat as _qat
 from ..qat import KerasFileError, Node, Plan, Quantizer, _exec
 from ..qat._ranges import RangeOps, updated_range
+from ._eager import plain_eager
 from ._functions import FUNCTIONS
-from ._ops import plain_eager
 
 _fq = FUNCTIONS["fake_quant_with_min_max_vars"]
 _fq_pc = FUNCTIONS["fake_quant_with_min_max_vars_per_channel"]
