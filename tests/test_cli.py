@@ -131,6 +131,25 @@ def test_warmup_jobs_split_a_family_by_its_groups():
     assert units(["depthwise_conv"], [bi]) == [("depthwise_conv", [bi])]
 
 
+def test_warmup_jobs_default_is_the_cpus_it_may_use(monkeypatch):
+    """Without ``--jobs`` warmup runs a process per CPU of its affinity mask (not the
+    machine's count: a container or ``taskset`` gets fewer), at most MAX_JOBS."""
+    from tfgrad._cli import warmup
+
+    monkeypatch.setattr(warmup.os, "sched_getaffinity", lambda pid: {0, 5, 7}, raising=False)
+    assert warmup.default_jobs() == 3
+    monkeypatch.setattr(warmup.os, "sched_getaffinity", lambda pid: set(range(96)),
+                        raising=False)
+    assert warmup.default_jobs() == warmup.MAX_JOBS
+    monkeypatch.setattr(warmup.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert warmup.default_jobs() == 1
+
+
+def test_warmup_refuses_jobs_below_one():
+    r = tfgrad_cli("warmup", "--family", QUICK_FAMILY, "--small", "-q", "--jobs", "0")
+    assert r.returncode == 2 and "--jobs must be at least 1, not 0" in r.stderr
+
+
 # --- demo ----------------------------------------------------------------------------------
 DEMO_QUICK = ("demo", "--epochs", "1", "--train-size", "192", "--no-progress")
 

@@ -881,3 +881,17 @@ def test_warmup_inputs_select_every_variant(monkeypatch):
 def test_variant_table_refuses_an_undeclared_variant():
     with pytest.raises(KeyError, match="no register-blocked depthwise kernel"):
         KV.kernel(Variant("forward", 4, 4))
+
+
+def test_streamed_variants_share_one_compiled_kernel():
+    """The store flags (``stream``, ``pstream``) are run-time arguments: a streamed variant
+    and its plain twin are one compiled kernel (one compile each in warmup), and every
+    variant differing in anything else is another."""
+    plain = {}
+    for v in KV.VARIANTS:
+        key = Variant(v.op, v.fh, v.fw, blocked=v.blocked, pair=v.pair)
+        plain.setdefault(key, []).append(KV.kernel(v))
+    for key, kernels in plain.items():
+        assert all(k is kernels[0] for k in kernels), key
+    assert len({id(ks[0]) for ks in plain.values()}) == len(plain)
+    assert any(v.stream for v in KV.VARIANTS) and len(plain) < len(KV.VARIANTS)

@@ -33,6 +33,20 @@ from ..testing import FAMILIES
 Call = tuple[str, str, Callable[[], dict[str, Any]]]
 """(op, label, a function returning its keyword arguments)."""
 
+MAX_JOBS = 8
+"""``--jobs``' default at most: each process holds Numba and LLVM (up to ~1.3 GB while
+compiling)."""
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count), at
+    most :data:`MAX_JOBS`: compiling is CPU-bound, one process per CPU."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on every platform)
+        n = os.cpu_count() or 1
+    return max(1, min(MAX_JOBS, n))
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -50,9 +64,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="run the NumPy reference on the tiny inputs instead (checks it runs; "
                    "compiles nothing)")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                    help="warm the families (depthwise: each op) in N processes at once "
-                   "(default 1)")
+                   f"(default: the CPUs this process may use, at most {MAX_JOBS})")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     return p
 
@@ -171,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
     n_calls, failed = 0, []
     t_all = time.perf_counter()
     todo = units(families, ops)
-    if args.jobs > 1 and len(todo) > 1:
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise CLIError(f"--jobs must be at least 1, not {jobs}")
+    if jobs > 1 and len(todo) > 1:
         # One unit per process: Numba's cache index of a function is rewritten whole by
         # each process that adds to it, so no two processes may compile the same function.
         import concurrent.futures
@@ -180,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         # The units with the most inputs first: the longest, as a rule, start first.
         todo.sort(key=lambda u: -len(calls(testing.family(u[0]), u[1], small)))
         with concurrent.futures.ProcessPoolExecutor(
-                args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(warm_family, f, unit_ops, small, impl, args.quiet, False)
                        for f, unit_ops in todo]
             for fut in concurrent.futures.as_completed(futures):

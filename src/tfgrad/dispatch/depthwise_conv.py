@@ -99,7 +99,7 @@ def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     negz = np.zeros(geo.N * geo.oh, np.bool_)  # output rows with a -0 (dilated: to redo)
     if out.size and vec is not None:
         _run(vec, geo.N * geo.oh, work, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt,
-             geo.pl, negz)
+             geo.pl, negz, stream)
     elif out.size:
         _run(kf.generic, geo.N * geo.oh, work, x, w, _weight_tile(w, geo.ow), out, geo.sh,
              geo.sw, geo.dh, geo.dw, geo.pt, geo.pl, mode, _group(mode), negz)
@@ -126,12 +126,13 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     nl = 64 // g.dtype.itemsize
     blocked = geo.M > 1 and geo.C * geo.M % nl == 0
     pair = HOST_AVX512 and blocked and geo.M == 2 and geo.C * geo.M % (2 * nl) == 0
-    vec = _vec(mode, Variant("backprop_input", geo.fh, geo.fw, stream=stream and geo.M == 1,
-                             blocked=blocked, pstream=stream and pair, pair=pair))
+    v = Variant("backprop_input", geo.fh, geo.fw, stream=stream and geo.M == 1,
+                blocked=blocked, pstream=stream and pair, pair=pair)
+    vec = _vec(mode, v)
     finite = bool(np.isfinite(w).all())
     negz = np.zeros(geo.N * geo.H, np.bool_)  # input rows with a -0 to redo
     if finite and vec is not None:
-        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes, negz)
+        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes, negz, v.stream, v.pstream)
     elif finite and mode == NONE:
         _run(kbi.finite, geo.N * geo.H, work, w, _weight_tile(w, geo.ow), g, out,
              *args, _group(mode), negz)

@@ -25,7 +25,9 @@ class Variant:
     fh: int
     fw: int
     stream: bool = False
-    """Outputs written with non-temporal stores (forward; BackpropInput with M = 1)."""
+    """Outputs written with non-temporal stores (forward; BackpropInput with M = 1). A
+    run-time argument, as ``pstream``: the variants that differ only in these share one
+    compiled kernel (the dispatch passes the flags)."""
     blocked: bool = False
     """BackpropInput with M > 1 on whole lane vectors: out_backprop rows read through a
     ring blocked by lane vector."""
@@ -86,11 +88,15 @@ def kernel(v: Variant) -> Any:
             raise KeyError(f"no register-blocked depthwise kernel {v}")
         from . import backprop_filter, backprop_input, forward
 
-        if v.op == "forward":
-            _BUILT[v] = forward.make_vec(v.fh, v.fw, stream=v.stream)
-        elif v.op == "backprop_input":
-            _BUILT[v] = backprop_input.make_vec(v.fh, v.fw, stream=v.stream, blocked=v.blocked,
-                                                pstream=v.pstream, pair=v.pair)
-        else:
-            _BUILT[v] = backprop_filter.make_vec(v.fh, v.fw, pair=v.pair)
+        # (stream and pstream: run-time arguments of one kernel)
+        same = Variant(v.op, v.fh, v.fw, blocked=v.blocked, pair=v.pair)
+        if same not in _BUILT:
+            if v.op == "forward":
+                _BUILT[same] = forward.make_vec(v.fh, v.fw)
+            elif v.op == "backprop_input":
+                _BUILT[same] = backprop_input.make_vec(v.fh, v.fw, blocked=v.blocked,
+                                                       pair=v.pair)
+            else:
+                _BUILT[same] = backprop_filter.make_vec(v.fh, v.fw, pair=v.pair)
+        _BUILT[v] = _BUILT[same]
     return _BUILT[v]

@@ -346,14 +346,15 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
     return neg
 
 
-def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pair: bool):
+def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
     # Variant.pair (AVX-512: two lane vectors' 8 accumulators and operands fit; the
     # dispatch sets it exactly where the run-time ``pair`` below holds): without it Numba
     # prunes the branches that test it first, and _bi_block's pair instances go uncompiled.
     PAIR = pair
 
     @jit(nogil=True)
-    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, ctl, size, ntasks):
+    def kernel(w, g, out, sh, sw, dh, dw, pt, pl, plane, negz, stream, pstream, ctl, size,
+               ntasks):
         """BackpropInput for a finite filter, skipping the taps that meet no out_backprop
         value (w * 0 = +-0 changes nothing but a -0: rows that hold one are marked in
         ``negz`` and redone exactly, see redo_negzero). One task per input row; its
@@ -367,7 +368,10 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pa
         With M = 2 there (AVX-512) the blocks take two channel vectors at a time and sum
         the multiplier pairs themselves (_bi_block's ``pair``), writing out directly,
         with non-temporal stores when ``pstream``; only the last Up mod 4 pixels of a
-        phase go through the per-lane scratch."""
+        phase go through the per-lane scratch. ``stream`` / ``pstream`` are run-time
+        flags: one compiled kernel serves a streamed output and the others (as literals
+        they compiled the kernel and _bi_block once more each; the stores' branch costs
+        nothing measurable, benchmarks/RESULTS.md)."""
         N, H, W, C = out.shape
         oh, ow, CM = g.shape[1], g.shape[2], g.shape[3]
         M = CM // C
@@ -392,6 +396,10 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pa
         # (a run-time 0 for the first channel vector: a literal 0 would compile _bi_block
         # once more for each of its call sites' other arguments)
         ch00 = CM - CM
+        # (only M = 1 streams, in the kernels without blocks, and only pair blocks pstream:
+        # the compile-time flags fold the other kernels' stores back to plain ones)
+        S = stream and not blocked
+        PS = pstream and PAIR
         cur = np.zeros(2, np.int64)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
@@ -435,22 +443,22 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pa
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
                                                      FW, ow, check=False, unit=unit,
-                                                     stream=pstream, pair=True)
+                                                     stream=PS, pair=True)
                                 elif PAIR and pair:
                                     neg |= _bi_block(wf, gs, of, rowoff, rowok, tapb, taphit, uk,
                                                      op, sw * C, CM, ch, ch + V, GS, CS, NL, FH,
                                                      FW, ow, check=True, unit=unit,
-                                                     stream=pstream, pair=True)
+                                                     stream=PS, pair=True)
                                 elif inner:
                                     neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
                                                      uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
                                                      FH, FW, ow, check=False, unit=unit,
-                                                     stream=stream, pair=False)
+                                                     stream=S, pair=False)
                                 else:
                                     neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit,
                                                      uk, o, sw * CM, CM, ch, ch + V, GS, CS, NL,
                                                      FH, FW, ow, check=True, unit=unit,
-                                                     stream=stream, pair=False)
+                                                     stream=S, pair=False)
                         u = nb * _P
                     u2 = u  # (pair: the pixels from here on go through per)
                     while u < Up:
@@ -463,12 +471,12 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pa
                                         prefetch(gf, pa + e)
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
                                                  o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
-                                                 check=False, unit=unit, stream=stream,
+                                                 check=False, unit=unit, stream=S,
                                                  pair=False)
                             else:
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
                                                  o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
-                                                 check=True, unit=unit, stream=stream,
+                                                 check=True, unit=unit, stream=S,
                                                  pair=False)
                             u1 = u + _P
                         else:
@@ -483,7 +491,7 @@ def make_vec(FH: int, FW: int, *, stream: bool, blocked: bool, pstream: bool, pa
                                         if taphit[c] and 0 <= oj < ow:
                                             v = vmuladd(v, vload(wf, (r * FW + c) * CM + ch),
                                                         vload(gs, rowoff[r] + oj * GS + cb))
-                                vput(dst, db + (ph + u * sw) * CM + ch, v, stream)
+                                vput(dst, db + (ph + u * sw) * CM + ch, v, S)
                                 neg = neg or vhas_negzero(v)
                             u1 = u + 1
                         for up in range(u, u1):  # lanes past the last full vector (never

@@ -235,15 +235,16 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
     return neg
 
 
-def make_vec(FH: int, FW: int, *, stream: bool):
+def make_vec(FH: int, FW: int):
     @jit(nogil=True)
-    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, ctl, size, ntasks):
+    def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, stream, ctl, size, ntasks):
         """One task per output row. Rows of x are used in place (M = 1) or expanded
         into a ring of the FH-row span (channels repeated M times) so that every tap's
         lanes are contiguous; with whole channel vectors the ring is blocked by channel
         vector (_row_offset_blocked) and a row's 4-pixel blocks go channel vector by
-        channel vector. ``stream``: the output's vectors go out with non-temporal
-        stores (whole-line pixels of a large output; see backprop_input / forward).
+        channel vector. ``stream`` (a run-time flag: one compiled kernel serves both):
+        the output's vectors go out with non-temporal stores (whole-line pixels of a
+        large output; see backprop_input / forward).
         Rows that hold a -0 are marked in ``negz`` (used when dilated: _negzero)."""
         N, H, W, C = x.shape
         oh, ow, CM = out.shape[1], out.shape[2], out.shape[3]
