@@ -124,6 +124,9 @@ def _family(case) -> str:
 def test_live(case):
     seed = np.random.SeedSequence().entropy % 2**32
     kwargs = case.kwargs(seed)
+    if _family(case) in oracle.AVX512_ONLY and (processor_dependent(case, kwargs)
+                                                 or _family(case) == "conv2d"):
+        pytest.skip(oracle.AVX512_WHY)  # (every Conv2D op sums through the contraction)
     expected = oracle.expected(case, kwargs)
     got = _run(case.op, kwargs)
     oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[seed {seed}]")

@@ -95,6 +95,7 @@ def test_smalln_kernel_equals_reference(K):
 
 
 @pytest.mark.parametrize("P,O", [(2, 3), (9, 17), (15, 100), (9, 800), (1, 33), (1, 129)])
+@oracle.onednn_avx512
 def test_small_direct_kernels_against_tf(P, O):
     """oneDNN's gemm_smalln_tn (16 FMA lanes, halved) and gemv_t for one pixel, through
     a 1x1 BackpropInput of 2 images (TF's sharded path)."""
@@ -183,6 +184,7 @@ def test_one_output_pixel_is_eigens_gemv(op, N, H, Cin, O, K):
     (2, 5, 1, 7, 3, 5),     # one output pixel per row (OW = 1)
 ])
 @pytest.mark.parametrize("patches", [1, 40, 700])
+@oracle.onednn_avx512
 def test_forward_patches_in_chunks_keep_the_bits(N, H, Cin, O, K, s, patches, monkeypatch):
     """Conv2D builds its im2col a chunk of output rows at a time (``_PATCHES`` floats):
     each row's sums depend on the plan alone, except TF's last pixel in a plan whose
@@ -234,6 +236,7 @@ def test_forward_patches_are_bounded(monkeypatch):
 # --------------------------------------------------------------------------------------
 # Gradients (TF's _Conv2DGrad, _Conv2DBackpropInputGrad, _Conv2DBackpropFilterGrad)
 # --------------------------------------------------------------------------------------
+@oracle.onednn_avx512
 def test_first_and_second_order_gradients_match_tfs_tapes():
     tf = _tf()
     torch = pytest.importorskip("torch")

@@ -26,6 +26,7 @@ from tfgrad import raw_ops
 from tfgrad._compile import jit
 from tfgrad._gradients import steps
 from tfgrad._tf import contraction, onednn
+from tfgrad._tf.cpuid import avx512_core
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
 from tfgrad.testing.cases.matmul import spread
@@ -128,6 +129,7 @@ _LIVE_SHAPES = [  # (M, K, N, ta, tb): the plans too large for the fixtures
 
 @pytest.mark.live
 @pytest.mark.parametrize("m,k,n,ta,tb", _LIVE_SHAPES)
+@oracle.onednn_avx512
 def test_plans_match_tf(m, k, n, ta, tb):
     if oracle.tensorflow() is None:
         pytest.skip("TensorFlow is not installed")
@@ -138,6 +140,28 @@ def test_plans_match_tf(m, k, n, ta, tb):
     check_tf(got, a=a, b=b, transpose_a=ta, transpose_b=tb)
     if m * n * k <= 4_000_000:  # the reference is slow beyond
         both(a, b, ta, tb)
+
+
+@pytest.mark.live
+@pytest.mark.skipif(oracle.tensorflow() is None or avx512_core(),
+                    reason="TensorFlow is not installed, or (AVX-512) test_plans_match_tf "
+                    "checks the bits")
+@pytest.mark.parametrize("m,k,n,ta,tb", _LIVE_SHAPES)
+def test_contraction_distance_without_avx512(m, k, n, ta, tb):
+    """Without AVX-512 TF's sgemm is oneDNN's AVX2 kernel (K passes of 256, and edge tiles
+    of its own), which tfgrad does not model: it keeps the AVX-512 kernel's order, the same
+    bits on every processor. Each order's result lies within the dot product's rounding
+    bound of the exact one, so the two differ by at most |d| <= 2 K u sum |a b|
+    (u = 2**-24)."""
+    rng = np.random.default_rng(m * k + n)
+    a, b = operands(rng, m, k, n, ta, tb)
+    with tfgrad.use_impl("kernel"):
+        got = raw_ops.MatMul(a=a, b=b, transpose_a=ta, transpose_b=tb).astype(np.float64)
+    tf = oracle.tensorflow()
+    ref = tf.raw_ops.MatMul(a=a, b=b, transpose_a=ta, transpose_b=tb).numpy()
+    A, B = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    bound = 2 * k * 2.0**-24 * (np.abs(A) @ np.abs(B))
+    assert np.all(np.abs(got - ref) <= bound)
 
 
 _TF_THREADS = r"""
@@ -151,6 +175,7 @@ np.save(sys.argv[3], tf.raw_ops.MatMul(a=d["a"], b=d["b"]).numpy())
 
 
 @pytest.mark.live
+@oracle.onednn_avx512
 def test_one_vs_two_tf_threads(tmp_path, monkeypatch):
     """[256, 700] x [700, 256]: TF on 2 threads sums k-blocks 240/240/220 (parallel), on 1
     thread 352/348 (sequential): the bits differ, and each plan gives its TF's bits."""
@@ -192,6 +217,7 @@ def test_vector_products(m, k, n, ta, tb):
 # The gradient
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@oracle.onednn_avx512
 def test_gradient_table_is_tfs(ta, tb):
     """The two MatMuls TF's _MatMulGrad calls (operands, transposes, grad_a / grad_b), run
     through the table, give tf.GradientTape's bits."""

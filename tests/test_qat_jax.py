@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests import oracle
+
 jax = pytest.importorskip("jax")
 pytest.importorskip("h5py")
 pytest.importorskip("tf_keras")
@@ -98,6 +100,7 @@ def _jax_steps(m: jq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]
 
 
 @pytest.mark.parametrize("name", list(models.MODELS))
+@oracle.onednn_avx512
 def test_trains_as_tfmot(saved: dict, name: str) -> None:
     """Step-0 training outputs, every range variable tfgrad's operators alone compute
     after step 1 (bit for bit), and the other variables within the measured bounds."""

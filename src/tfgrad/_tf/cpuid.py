@@ -62,3 +62,34 @@ def eigen_caches() -> tuple[int, int, int]:
         return sizes[1], sizes[2], sizes[3]
     except (OSError, ValueError, AttributeError):
         return 32 << 10, 256 << 10, 2 << 20
+
+
+@cache
+def avx512_core() -> bool:
+    """Whether oneDNN takes its AVX-512 kernels here (``mayiuse(avx512_core)``: AVX-512 F,
+    DQ, BW and VL in CPUID leaf 7, and the OS saving the ZMM state, XCR0 bits 5-7)."""
+    if not X86:
+        return False
+    try:
+        if cpuid(0)[0] < 7 or not cpuid(1)[2] >> 27 & 1:  # (OSXSAVE: XGETBV is usable)
+            return False
+        b = cpuid(7)[1]
+        if not all(b >> bit & 1 for bit in (16, 17, 30, 31)):
+            return False
+        return _xcr0() & 0xE6 == 0xE6
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+# xgetbv(ecx=0) -> rax: xor ecx,ecx; xgetbv; shl rdx,32; or rax,rdx; ret
+_XGETBV = bytes.fromhex("31c9" "0f01d0" "48c1e220" "4809d0" "c3")
+
+
+def _xcr0() -> int:
+    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(_XGETBV)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64)(addr)
+    value = int(fn())
+    del fn
+    return value
