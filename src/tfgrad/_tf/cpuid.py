@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 from functools import cache
+from typing import Any
 
 from .._config import X86
 
@@ -18,15 +19,23 @@ _CODE = bytes.fromhex(
     "4889f8" "4889f1" "4989d0" "53" "0fa2" "418900" "41895804" "41894808" "4189500c" "5b" "c3")
 
 
-@cache
-def _cpuid_fn():  # type: ignore[no-untyped-def]
+# xgetbv(ecx=0) -> rax: xor ecx,ecx; xgetbv; shl rdx,32; or rax,rdx; ret
+_XGETBV = bytes.fromhex("31c9" "0f01d0" "48c1e220" "4809d0" "c3")
+
+
+def _machine_code(code: bytes, prototype: type) -> Any:
+    """``code`` on an executable page of its own, callable as ``prototype``."""
     buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    buf.write(_CODE)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    fn = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32,
-                          ctypes.POINTER(ctypes.c_uint32 * 4))(addr)
+    buf.write(code)
+    fn = prototype(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
     fn._buf = buf  # keep the page alive
     return fn
+
+
+@cache
+def _cpuid_fn():  # type: ignore[no-untyped-def]
+    return _machine_code(_CODE, ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32,
+                                                 ctypes.POINTER(ctypes.c_uint32 * 4)))
 
 
 def cpuid(leaf: int, sub: int = 0) -> tuple[int, int, int, int]:
@@ -76,20 +85,6 @@ def avx512_core() -> bool:
         b = cpuid(7)[1]
         if not all(b >> bit & 1 for bit in (16, 17, 30, 31)):
             return False
-        return _xcr0() & 0xE6 == 0xE6
+        return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))()) & 0xE6 == 0xE6
     except (OSError, ValueError, AttributeError):
         return False
-
-
-# xgetbv(ecx=0) -> rax: xor ecx,ecx; xgetbv; shl rdx,32; or rax,rdx; ret
-_XGETBV = bytes.fromhex("31c9" "0f01d0" "48c1e220" "4809d0" "c3")
-
-
-def _xcr0() -> int:
-    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    buf.write(_XGETBV)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    fn = ctypes.CFUNCTYPE(ctypes.c_uint64)(addr)
-    value = int(fn())
-    del fn
-    return value
