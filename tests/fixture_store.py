@@ -5,11 +5,14 @@ array argument, ``op/name/attrs`` (JSON of the other arguments) and ``op/name/ou
 for each of TF's outputs. Written by ``tools/make_fixtures.py``.
 
 An output whose bits depend on the processor (its family's ``processor_dependent``:
-batch norm's approximate rsqrt) is kept once per rsqrt signature it was recorded with,
-as ``op/name/out:<i>@rsqrt=<signature>``; ``PROCESSOR`` names the processor of each
-signature. ``tools/make_fixtures.py`` adds the running processor's set and keeps the
-others' (for the cases whose inputs it leaves unchanged), so fixtures made on an AMD and
-an Intel processor live side by side, and each processor checks its own.
+batch norm's approximate rsqrt; the contractions of MatMul and Conv2D) is kept once per
+processor signature it was recorded with, as ``op/name/out:<i>@rsqrt=<signature>``
+(:func:`signature`: the rsqrt's, or for the contraction families what their order
+depends on: oneDNN's kernel, Eigen's L1, TF's thread count); ``PROCESSOR`` names the
+processor of each signature. ``tools/make_fixtures.py`` adds the running processor's set
+and keeps the others' (for the cases whose inputs it leaves unchanged), so fixtures made
+on an AMD and an Intel processor (or an AVX-512 and an AVX2 one) live side by side, and
+each processor checks its own.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ import numpy as np
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROCESSOR = FIXTURES / "processor.json"
-"""The processor behind each rsqrt signature of the fixtures:
-``{"rsqrt_signatures": {signature: {"processor": name}}}``."""
+"""The processor behind each signature of the fixtures:
+``{"rsqrt_signatures": {signature: {"processor": name, ...}}}`` (a contraction
+signature's entry also holds its :func:`contraction_setup`)."""
+
+CONTRACTION_FAMILIES = frozenset({"matmul", "conv2d"})
+"""The families whose processor-dependent outputs are the contraction's sums."""
 
 SIGNED = "@rsqrt="
 """Between an output's key and the rsqrt signature it was recorded with."""
@@ -47,20 +54,47 @@ def rsqrt_signature() -> str:
     return hashlib.sha256(eigen_rsqrt(bits.view(np.float32)).tobytes()).hexdigest()[:16]
 
 
-def recorded_signatures() -> dict[str, dict[str, str]]:
+def contraction_setup(isa: str | None = None) -> dict[str, Any]:
+    """What the order of TF's contraction sums depends on here: oneDNN's kernel
+    (``isa``, default this processor's), the L1 size Eigen reads, TF's thread count."""
+    from tfgrad._config import tf_intra_op_threads
+    from tfgrad._tf.cpuid import eigen_caches, onednn_isa
+
+    return {"onednn_isa": isa or onednn_isa(), "l1": eigen_caches()[0],
+            "tf_threads": tf_intra_op_threads()}
+
+
+def contraction_signature(isa: str | None = None) -> str:
+    """A digest of :func:`contraction_setup`."""
+    import hashlib
+
+    key = json.dumps(contraction_setup(isa), sort_keys=True).encode()
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def signature(family: str) -> str:
+    """The signature this processor's processor-dependent outputs of ``family`` go under."""
+    return contraction_signature() if family in CONTRACTION_FAMILIES else rsqrt_signature()
+
+
+def recorded_signatures() -> dict[str, dict[str, Any]]:
     """PROCESSOR's signatures: {signature: {"processor": name}} ({} when absent)."""
     if not PROCESSOR.exists():
         return {}
     return json.loads(PROCESSOR.read_text()).get("rsqrt_signatures", {})
 
 
-def record_processor(keep: Collection[str] | None = None) -> None:
-    """Add the running processor's rsqrt signature to PROCESSOR; of the others keep those
-    in ``keep`` (default: all)."""
+def record_processor(keep: Collection[str] | None = None,
+                     signatures: Iterable[str] | None = None) -> None:
+    """Add the running processor's ``signatures`` (default: its rsqrt signature) to
+    PROCESSOR; of the others keep those in ``keep`` (default: all)."""
     from tfgrad._config import cpu_name
 
     sigs = {s: v for s, v in recorded_signatures().items() if keep is None or s in keep}
-    sigs[rsqrt_signature()] = {"processor": cpu_name()}
+    for sig in (rsqrt_signature(),) if signatures is None else signatures:
+        sigs[sig] = {"processor": cpu_name()}
+        if sig == contraction_signature():
+            sigs[sig].update(contraction_setup())
     PROCESSOR.write_text(json.dumps({"rsqrt_signatures": dict(sorted(sigs.items()))},
                                     indent=1) + "\n")
 

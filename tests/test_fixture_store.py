@@ -123,7 +123,8 @@ def test_foreign_rsqrt_without_tf_skips_only_those_outputs(foreign, monkeypatch,
     assert reason.startswith(f"{names} not checked (every other output matched)"), reason
     assert "TensorFlow is not installed" in reason and f"this processor's ({FOREIGN})" in reason
     recorded = fixture_store.recorded_signatures()
-    assert all(f"{v['processor']} ({s})" in reason for s, v in recorded.items()), reason
+    stored = {s for per in _fixture(case_id).by_rsqrt.values() for s in per}
+    assert stored and all(f"{recorded[s]['processor']} ({s})" in reason for s in stored), reason
     assert not foreign
     # The other outputs are still compared: one ulp off in one of them fails.
     plain = next(i for i, o in enumerate(_fixture(case_id).outputs) if o is not None)
@@ -234,7 +235,10 @@ def test_make_fixtures_adds_this_processors_set(tmp_path, monkeypatch):
     assert got.keys() == theirs.keys()
     ours = fixture_store.recorded_signatures()
     committed = json.loads((ROOT / "tests" / "fixtures" / "processor.json").read_text())
-    assert ours.keys() == {FOREIGN} | committed["rsqrt_signatures"].keys()
+    # (the signatures of the files present: batch norm's)
+    with np.load(fixture_store.FIXTURES / "batch_norm.npz") as bn:
+        assert ours.keys() == {FOREIGN} | (committed["rsqrt_signatures"].keys()
+                                           & fixture_store.signatures_in(bn.files))
     for case_id, f in got.items():
         assert f.by_rsqrt.keys() == theirs[case_id].by_rsqrt.keys(), case_id
         for i, per in f.by_rsqrt.items():
@@ -244,3 +248,38 @@ def test_make_fixtures_adds_this_processors_set(tmp_path, monkeypatch):
             # and this processor's is TF's here, which is what tfgrad computes
             oracle.assert_same(per[FOREIGN], conformance._run(
                 conformance._case(case_id).op, f.kwargs)[i], what=case_id)
+
+
+# --------------------------------------------------------------------------------------
+# The contraction families: one set per oneDNN kernel, each checked on every processor
+# --------------------------------------------------------------------------------------
+def _kernels_differ() -> tuple[str, str, dict[str, str]]:
+    """A MatMul case whose AVX-512 and AVX2 outputs differ, and {isa: signature}."""
+    recorded = fixture_store.recorded_signatures()
+    sigs = {v["onednn_isa"]: s for s, v in recorded.items() if "onednn_isa" in v}
+    for case_id, f in conformance.FIXTURES["matmul"].items():
+        per = f.by_rsqrt.get(0, {})
+        if sigs.keys() <= {recorded[s]["onednn_isa"] for s in per} and (
+                per[sigs["avx2"]].tobytes() != per[sigs["avx512_core"]].tobytes()):
+            return "matmul", case_id, sigs
+    raise AssertionError("no MatMul case whose two kernels' outputs differ")
+
+
+@pytest.mark.parametrize("isa", ["avx512_core", "avx2"])
+def test_each_onednn_kernels_outputs_are_checked(monkeypatch, isa):
+    # Both kernels' recorded sets are compared on any processor of the same L1 and TF
+    # thread count (one ulp off in either fails), without TF: tfgrad models both.
+    family, case_id, sigs = _kernels_differ()
+    here = fixture_store.contraction_setup()
+    if any(fixture_store.recorded_signatures()[sigs[isa]][k] != here[k]
+           for k in ("l1", "tf_threads")):
+        pytest.skip("recorded with another L1 size or TF thread count than this machine's")
+    monkeypatch.setattr(oracle, "tensorflow", lambda: None)
+    monkeypatch.setattr(oracle, "expected", None)  # never called
+    conformance.test_fixture(family, case_id)
+    f = conformance.FIXTURES[family][case_id]
+    by_rsqrt = {0: {**f.by_rsqrt[0], sigs[isa]: _off_by_one_ulp(f.by_rsqrt[0][sigs[isa]])}}
+    monkeypatch.setitem(conformance.FIXTURES[family], case_id,
+                        fixture_store.Fixture(f.kwargs, f.outputs, by_rsqrt))
+    with pytest.raises(AssertionError):
+        conformance.test_fixture(family, case_id)

@@ -26,7 +26,7 @@ from tfgrad import raw_ops
 from tfgrad._compile import jit
 from tfgrad._gradients import steps
 from tfgrad._tf import contraction, onednn
-from tfgrad._tf.cpuid import avx512_core
+from tfgrad._tf.cpuid import modelled, use_onednn_isa
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
 from tfgrad.testing.cases.matmul import spread
@@ -129,7 +129,7 @@ _LIVE_SHAPES = [  # (M, K, N, ta, tb): the plans too large for the fixtures
 
 @pytest.mark.live
 @pytest.mark.parametrize("m,k,n,ta,tb", _LIVE_SHAPES)
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_plans_match_tf(m, k, n, ta, tb):
     if oracle.tensorflow() is None:
         pytest.skip("TensorFlow is not installed")
@@ -143,14 +143,13 @@ def test_plans_match_tf(m, k, n, ta, tb):
 
 
 @pytest.mark.live
-@pytest.mark.skipif(oracle.tensorflow() is None or avx512_core(),
-                    reason="TensorFlow is not installed, or (AVX-512) test_plans_match_tf "
-                    "checks the bits")
+@pytest.mark.skipif(oracle.tensorflow() is None or modelled(),
+                    reason="TensorFlow is not installed, or (oneDNN's kernel modelled here) "
+                    "test_plans_match_tf checks the bits")
 @pytest.mark.parametrize("m,k,n,ta,tb", _LIVE_SHAPES)
-def test_contraction_distance_without_avx512(m, k, n, ta, tb):
-    """Without AVX-512 TF's sgemm is oneDNN's AVX2 kernel (K passes of 256, and edge tiles
-    of its own), which tfgrad does not model: it keeps the AVX-512 kernel's order, the same
-    bits on every processor. Each order's result lies within the dot product's rounding
+def test_contraction_distance_unmodelled(m, k, n, ta, tb):
+    """Where oneDNN runs a kernel tfgrad does not model (AVX without FMA, say), tfgrad keeps
+    the AVX-512 kernel's order. Each order's result lies within the dot product's rounding
     bound of the exact one, so the two differ by at most |d| <= 2 K u sum |a b|
     (u = 2**-24)."""
     rng = np.random.default_rng(m * k + n)
@@ -164,6 +163,47 @@ def test_contraction_distance_without_avx512(m, k, n, ta, tb):
     assert np.all(np.abs(got - ref) <= bound)
 
 
+# --------------------------------------------------------------------------------------
+# oneDNN's AVX2 kernel (modelled on every processor; TF's bits where it runs)
+# --------------------------------------------------------------------------------------
+def test_avx2_tiles():
+    """The AVX2 driver's pieces and tiles (docs/matmul.md): TF's rows in pieces of 48
+    (from 96 rows on; halves above 72; 96s with A transposed), columns in 16-wide tiles,
+    each piece's last partial row tile (1-5 rows) and last 1-8 columns marked."""
+    un, um = onednn.avx2_kinds(32, 10, 32, 10)  # 32x1280x10: the last 2 rows
+    assert np.flatnonzero(un != 6).tolist() == [30, 31] and set(un[30:]) == {2}
+    assert (um == 16).all()  # 10 columns: one masked 16-wide tile
+    un, um = onednn.avx2_kinds(86, 40, 0, 0)  # rows 43 + 43 (halves); columns 16, 16, 8
+    assert np.flatnonzero(un != 6).tolist() == [42, 85] and set(un[[42, 85]]) == {1}
+    assert np.flatnonzero(um == 8).tolist() == list(range(32, 40))
+    un, um = onednn.avx2_kinds(100, 8, 0, 0, trans_a=True)  # one piece of 100 rows
+    assert np.flatnonzero(un != 6).tolist() == [96, 97, 98, 99] and set(un[96:]) == {4}
+    assert (um == 8).all()  # 8 columns: the 8-wide kernel
+    un, um = onednn.avx2_kinds(60, 60, 27, 24)  # Eigen's blocks each cut on their own
+    assert np.flatnonzero(un != 6).tolist() == [24, 25, 26, 51, 52, 53]
+    assert np.flatnonzero(um == 8).tolist() == list(range(16, 24)) + list(range(40, 48))
+    assert onednn.nocopy_sizes(200, 48, 72) == [48, 48, 48, 56]
+    assert contraction.onednn_passes(0, 700, "avx2") == [(0, 256), (256, 478), (478, 700)]
+
+
+@pytest.mark.parametrize("m,k,n", [(44, 41, 40), (45, 40, 24), (7, 300, 9), (100, 33, 20),
+                                   (201, 520, 47)])
+def test_avx2_kernel_is_the_model(m, k, n):
+    """The compiled AVX2 edge tiles give the NumPy model's bits (every transpose pair),
+    and those differ from the AVX-512 order: the edge tiles sum otherwise."""
+    rng = np.random.default_rng(m * n + k)
+    differs = False
+    for ta in (False, True):
+        for tb in (False, True):
+            a, b = operands(rng, m, k, n, ta, tb)
+            with use_onednn_isa("avx2"):
+                got = both(a, b, ta, tb)
+            with use_onednn_isa("avx512_core"):
+                other = both(a, b, ta, tb)
+            differs |= got.tobytes() != other.tobytes()
+    assert differs
+
+
 _TF_THREADS = r"""
 import os, sys
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"; os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -175,7 +215,7 @@ np.save(sys.argv[3], tf.raw_ops.MatMul(a=d["a"], b=d["b"]).numpy())
 
 
 @pytest.mark.live
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_one_vs_two_tf_threads(tmp_path, monkeypatch):
     """[256, 700] x [700, 256]: TF on 2 threads sums k-blocks 240/240/220 (parallel), on 1
     thread 352/348 (sequential): the bits differ, and each plan gives its TF's bits."""
@@ -217,7 +257,7 @@ def test_vector_products(m, k, n, ta, tb):
 # The gradient
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_gradient_table_is_tfs(ta, tb):
     """The two MatMuls TF's _MatMulGrad calls (operands, transposes, grad_a / grad_b), run
     through the table, give tf.GradientTape's bits."""

@@ -60,7 +60,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.live
 @pytest.mark.parametrize("name", list(MODELS))
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_whole_step_is_tfs(saved: dict, name: str) -> None:
     full, losses = MODELS[name]
     k = models.load_tf(saved[name])
@@ -155,7 +155,7 @@ def _jax_xent_steps(m: object, xs: list, labels: list, impl: str) -> list:
 
 @pytest.mark.live
 @pytest.mark.parametrize("name", list(MODELS))
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_jax_whole_step_is_tfs(saved: dict, tf_runs: dict, name: str) -> None:
     """tfgrad.jax.qat, jitted, use_impl("exact"), plain jax.grad: step-0 outputs, every
     variable after every step compared, and 20 losses, bit for bit."""

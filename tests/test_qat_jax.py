@@ -100,7 +100,7 @@ def _jax_steps(m: jq.KerasModel, xs: list[np.ndarray], cs: list[np.ndarray]
 
 
 @pytest.mark.parametrize("name", list(models.MODELS))
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_trains_as_tfmot(saved: dict, name: str) -> None:
     """Step-0 training outputs, every range variable tfgrad's operators alone compute
     after step 1 (bit for bit), and the other variables within the measured bounds."""

@@ -197,7 +197,7 @@ def test_jax_native_gradient_near_tf():
 
 
 @pytest.mark.live
-@oracle.onednn_avx512
+@oracle.onednn_modelled
 def test_qat_mlp_trains_as_tf(tmp_path):
     """tfgrad.torch.qat's exact path on the mlp model (Dense + Softmax layer, ending in a
     softmax): every variable after 2 steps is TF-Eigen's."""

@@ -8,11 +8,13 @@ Each case of the op-case table (tfgrad/testing/cases/) is built with its fixed s
 through tf.raw_ops on TF's reference CPU kernels (TF_ENABLE_ONEDNN_OPTS=0). Cases that
 TF's CPU kernel refuses (``tf_call``) are run in their TF-computable equivalent form.
 
-Outputs whose bits depend on the processor (batch norm's approximate rsqrt: its family's
-``processor_dependent``) are stored under this processor's rsqrt signature, next to those
-recorded on processors with other signatures, which are kept for every case whose inputs
-are unchanged (tests/fixture_store.py); tests/fixtures/processor.json names the processor
-of each signature. Run on an Intel and an AMD processor, the fixtures hold both.
+Outputs whose bits depend on the processor (its family's ``processor_dependent``: batch
+norm's approximate rsqrt; MatMul's and Conv2D's contraction sums) are stored under this
+processor's signature (``fixture_store.signature``), next to those recorded on processors
+with other signatures, which are kept for every case whose inputs are unchanged
+(tests/fixture_store.py); tests/fixtures/processor.json names the processor of each
+signature. Run on an Intel and an AMD processor (an AVX-512 and an AVX2 one), the
+fixtures hold both.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ def main(argv: list[str]) -> int:
 
     print(f"TensorFlow {tf.__version__}, oneDNN opts off")
     families = argv or list(FAMILIES)
-    signature = fixture_store.rsqrt_signature()
-    recorded = False
+    used: set[str] = set()
     fixture_store.FIXTURES.mkdir(exist_ok=True)
     for fam in families:
+        signature = fixture_store.signature(fam)
         cases, _ = FAMILIES[fam]
         data: dict[str, np.ndarray] = {}
         for case in cases:
@@ -63,15 +65,16 @@ def main(argv: list[str]) -> int:
         signatures = fixture_store.signatures_in(data)
         print(f"{fam}: {len(cases)} cases -> {os.path.relpath(path, ROOT)} "
               f"({path.stat().st_size // 1024} KiB)" + (
-                  f"; rsqrt signature {signature}, kept {sorted(signatures - {signature})}"
+                  f"; signature {signature}, kept {sorted(signatures - {signature})}"
                   if signature in signatures else ""))
-        recorded |= signature in signatures
-    if recorded:  # processor.json: this processor, and the others still in some fixture
+        if signature in signatures:
+            used.add(signature)
+    if used:  # processor.json: this processor, and the others still in some fixture
         kept: set[str] = set()
         for path in fixture_store.FIXTURES.glob("*.npz"):
             with np.load(path, allow_pickle=False) as stored:
                 kept |= fixture_store.signatures_in(stored.files)
-        fixture_store.record_processor(keep=kept)
+        fixture_store.record_processor(keep=kept, signatures=used)
     return 0
 
 

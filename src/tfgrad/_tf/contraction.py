@@ -33,8 +33,10 @@ MR, NR = 16, 4
 PACKET = 8
 _K_DIV = MR * 4 + NR * 4  # KcFactor * (mr * sizeof(float) + nr * sizeof(float)) = 80
 _K_SUB = MR * NR * 4  # mr * nr * sizeof(float) = 256
-# oneDNN's AVX-512 nocopy sgemm: K passes of at most BK (jit_avx512_common_gemm_f32.cpp).
-ONEDNN_BK = 384
+# oneDNN's nocopy sgemm: K passes of at most BK, 384 in its AVX-512 kernel
+# (jit_avx512_common_gemm_f32.cpp), 256 in its AVX2 one (jit_avx_gemm_f32.cpp, B not
+# transposed, as Eigen's packed blocks are).
+ONEDNN_BK = {"avx512_core": 384, "avx2": 256}
 # Eigen's TensorCostModel constants (load / store cycles per byte).
 LOAD = 11.0 / 64
 STORE = 11.0 / 64
@@ -53,6 +55,16 @@ class Shard:
     (all of it when m == 1: Conv2D with one output channel, verified)."""
     gemv_n: bool
     """Eigen's last n-block has one column (oneDNN N = 1: ``gemv_n``): TF's last row."""
+    mc: int = 0
+    """Eigen's m-block (TF's columns per oneDNN call; 0: all of them)."""
+    nc: int = 0
+    """Eigen's n-block (TF's rows per oneDNN call; 0: all of them)."""
+    isa: str = "avx512_core"
+    """oneDNN's kernel: ``"avx512_core"`` (one FMA chain per output and pass) or
+    ``"avx2"`` (its edge tiles sum otherwise: :func:`tfgrad._tf.onednn.avx2_tiles`)."""
+    trans_a: bool = False
+    """oneDNN's A transposed (Conv2DBackpropInput's direct sgemm): the AVX2 driver cuts
+    rows in 96s instead of 48s."""
 
 
 @dataclass(frozen=True)
@@ -141,16 +153,18 @@ def tf_blocking(k: int, m: int, n: int, t: int, by_col: bool, l1: int, l2: int, 
     return min(k, -(-(k // slices) // 8) * 8), mc, nc
 
 
-def onednn_passes(start: int, end: int) -> list[tuple[int, int]]:
-    """oneDNN's K passes over one Eigen block: K <= 384 one pass; 384 < K < 768 halves
-    (ceil first); K >= 768 passes of 384 until under 768 remain, then halves."""
+def onednn_passes(start: int, end: int, isa: str = "avx512_core") -> list[tuple[int, int]]:
+    """oneDNN's K passes over one Eigen block (BK 384 on AVX-512, 256 on AVX2): K <= BK
+    one pass; BK < K < 2 BK halves (ceil first); K >= 2 BK passes of BK until under 2 BK
+    remain, then halves."""
     out = []
     kk = end - start
-    while kk >= 2 * ONEDNN_BK:
-        out.append((start, start + ONEDNN_BK))
-        start += ONEDNN_BK
-        kk -= ONEDNN_BK
-    if kk > ONEDNN_BK:
+    bk = ONEDNN_BK[isa]
+    while kk >= 2 * bk:
+        out.append((start, start + bk))
+        start += bk
+        kk -= bk
+    if kk > bk:
         h = -(-kk // 2)
         out += [(start, start + h), (start + h, end)]
     elif kk > 0:
@@ -158,15 +172,16 @@ def onednn_passes(start: int, end: int) -> list[tuple[int, int]]:
     return out
 
 
-def shard(start: int, end: int, blocking: tuple[int, int, int], m: int, n: int) -> Shard:
+def shard(start: int, end: int, blocking: tuple[int, int, int], m: int, n: int,
+          isa: str = "avx512_core") -> Shard:
     kc, mc, nc = blocking
     blocks = tuple((s, min(end, s + kc)) for s in range(start, end, kc))
-    ranges = tuple(r for s, e in blocks for r in onednn_passes(s, e))
+    ranges = tuple(r for s, e in blocks for r in onednn_passes(s, e, isa))
     # the last block along m (n) has m - mc * (ceil(m / mc) - 1) rows (columns); m == 1
     # (Conv2D with one output channel) is all gemv_t. (n == 1 never gets here in TF:
     # Eigen's evalGemv, its own non-FMA GEMV, computes it; not modelled.)
     return Shard(blocks, ranges, m - mc * (-(-m // mc) - 1) == 1,
-                 n > 1 and n - nc * (-(-n // nc) - 1) == 1)
+                 n > 1 and n - nc * (-(-n // nc) - 1) == 1, mc, nc, isa)
 
 
 # --------------------------------------------------------------------------------------
@@ -217,10 +232,11 @@ def shard_by_inner_dim(m: int, n: int, k: int, nt: int, nt_k: int, l3: int) -> b
 
 
 @lru_cache(maxsize=1024)
-def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int) -> Plan:
+def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int,
+         isa: str = "avx512_core") -> Plan:
     """The order of every output's sum for Eigen's contraction [m, k] x [k, n] (Eigen's
     column-major names) on ``threads`` intra-op threads (k, m, n > 0), with the caches
-    Eigen reads (l1, l2, l3 bytes)."""
+    Eigen reads (l1, l2, l3 bytes) and oneDNN's kernel ``isa``."""
     nt = _num_threads(m * n, cost(m, n, k, l1, l2, l3), threads)
     nt_k = _threads_inner_dim(m, n, k, threads)
     if shard_by_inner_dim(m, n, k, nt, nt_k, l3):
@@ -231,16 +247,16 @@ def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int) -> Pla
         nb = -(-k // block)
         shards = tuple(
             shard(s, min(k, s + block),
-                   tf_blocking(min(k, s + block) - s, m, n, nb, True, l1, l2, l3), m, n)
+                  tf_blocking(min(k, s + block) - s, m, n, nb, True, l1, l2, l3), m, n, isa)
             for s in range(0, k, block))
         return Plan(shards, "sharded")
     if n == 1:
         nt = 1
     if nt == 1:  # evalProductSequential: blocked by column for one thread
-        return Plan((shard(0, k, tf_blocking(k, m, n, 1, True, l1, l2, l3), m, n),),
+        return Plan((shard(0, k, tf_blocking(k, m, n, 1, True, l1, l2, l3), m, n, isa),),
                     "sequential")
     by_col = shard_by_col(m, n, nt)
-    return Plan((shard(0, k, tf_blocking(k, m, n, nt, by_col, l1, l2, l3), m, n),),
+    return Plan((shard(0, k, tf_blocking(k, m, n, nt, by_col, l1, l2, l3), m, n, isa),),
                 "parallel")
 
 

@@ -144,7 +144,8 @@ def _threads_inner_dim(m: int, n: int, k: int, threads: int) -> int:
 
 
 @lru_cache(maxsize=1024)
-def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int) -> ct.Plan:
+def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int,
+         isa: str = "avx512_core") -> ct.Plan:
     """:func:`tfgrad._tf.contraction.plan` for a contraction whose right-hand side is
     image patches (Eigen's m = O, n = output pixels, k = KH*KW*C)."""
     nt = _num_threads(m * n, cost(m, n, k, l1, l2, l3), threads)
@@ -155,14 +156,15 @@ def plan(m: int, n: int, k: int, threads: int, l1: int, l2: int, l3: int) -> ct.
         nb = -(-k // block)
         shards = tuple(
             ct.shard(s, min(k, s + block),
-                      ct.tf_blocking(min(k, s + block) - s, m, n, nb, True, l1, l2, l3), m, n)
+                     ct.tf_blocking(min(k, s + block) - s, m, n, nb, True, l1, l2, l3), m, n,
+                     isa)
             for s in range(0, k, block))
         return ct.Plan(shards, "sharded")
     if n == 1:
         nt = 1
     if nt == 1:
-        return ct.Plan((ct.shard(0, k, ct.tf_blocking(k, m, n, 1, True, l1, l2, l3), m, n),),
-                       "sequential")
+        return ct.Plan((ct.shard(0, k, ct.tf_blocking(k, m, n, 1, True, l1, l2, l3), m, n,
+                                 isa),), "sequential")
     by_col = ct.shard_by_col(m, n, nt)
-    return ct.Plan((ct.shard(0, k, ct.tf_blocking(k, m, n, nt, by_col, l1, l2, l3), m, n),),
-                   "parallel")
+    return ct.Plan((ct.shard(0, k, ct.tf_blocking(k, m, n, nt, by_col, l1, l2, l3), m, n,
+                             isa),), "parallel")

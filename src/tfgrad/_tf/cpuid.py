@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -88,3 +91,56 @@ def avx512_core() -> bool:
         return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))()) & 0xE6 == 0xE6
     except (OSError, ValueError, AttributeError):
         return False
+
+
+@cache
+def avx2() -> bool:
+    """Whether oneDNN's AVX2 kernels run here: AVX2 (CPUID leaf 7) with FMA (leaf 1) and
+    the OS saving the YMM state (XCR0 bits 1-2)."""
+    if not X86:
+        return False
+    try:
+        if cpuid(0)[0] < 7:
+            return False
+        c1 = cpuid(1)[2]
+        if not (c1 >> 27 & 1 and c1 >> 12 & 1 and cpuid(7)[1] >> 5 & 1):
+            return False
+        return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))()) & 6 == 6
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+ISAS = ("avx512_core", "avx2")
+_ISA: list[str] = []
+
+
+def onednn_isa() -> str:
+    """The sgemm kernel TF's contractions run here, as tfgrad models it: ``"avx2"`` on a
+    processor with AVX2 and FMA but not ``avx512_core``, else ``"avx512_core"`` (also
+    where oneDNN would run a kernel tfgrad does not model: AVX without FMA, not x86).
+    ``TFGRAD_ONEDNN_ISA`` (one of :data:`ISAS`) overrides it, read once."""
+    if not _ISA:
+        env = os.environ.get("TFGRAD_ONEDNN_ISA", "")
+        _ISA.append(env if env in ISAS else
+                    "avx2" if avx2() and not avx512_core() else "avx512_core")
+    return _ISA[0]
+
+
+@contextmanager
+def use_onednn_isa(isa: str) -> Iterator[None]:
+    """Model oneDNN's ``isa`` kernel (one of :data:`ISAS`) inside the block, whatever this
+    processor runs: for tests of one model's recorded bits on another processor."""
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {isa!r}")
+    old = onednn_isa()
+    _ISA[0] = isa
+    try:
+        yield
+    finally:
+        _ISA[0] = old
+
+
+def modelled() -> bool:
+    """Whether TF's contractions on this processor run a kernel tfgrad models (its bits are
+    TF's): AVX-512 (``avx512_core``) or AVX2 with FMA."""
+    return avx512_core() or avx2()

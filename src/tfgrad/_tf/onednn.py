@@ -1,7 +1,8 @@
 """oneDNN's sgemm arithmetic on NumPy arrays (float32 under TF's FTZ / DAZ): the exact FMA,
-and the two GEMV kernels oneDNN runs instead of its nocopy kernel for a block with one row
-(``gemv_t``) or one column (``gemv_n``). Shared by the NumPy reference and the dispatch
-(which runs the nocopy blocks compiled and these edge blocks here)."""
+the two GEMV kernels oneDNN runs instead of its nocopy kernel for a block with one row
+(``gemv_t``) or one column (``gemv_n``), and the edge tiles of its AVX2 nocopy kernel
+(:func:`avx2_tiles`). Shared by the NumPy reference and the dispatch (which runs the
+nocopy blocks compiled and these edges here)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """float32 a + b, flushed."""
     with np.errstate(invalid="ignore", over="ignore"):
         return flushed(np.add(a, b, dtype=F32))
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 a * b, flushed."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return flushed(np.multiply(a, b, dtype=F32))
 
 
 def _hsum8(v: np.ndarray) -> np.ndarray:
@@ -96,3 +103,86 @@ def edges(A: np.ndarray, B: np.ndarray, blocks: tuple[tuple[int, int], ...], one
         for s, e in blocks:
             y = gemv_n(B.T, A[M - 1], y, s, e)
         C[M - 1, :] = y
+
+
+# --------------------------------------------------------------------------------------
+# The AVX2 nocopy kernel's edge tiles (jit_avx_gemm_f32.cpp)
+# --------------------------------------------------------------------------------------
+def nocopy_sizes(n: int, b: int, over: int) -> list[int]:
+    """How ``sgemm_nocopy_driver`` cuts one dimension of a call: while 2 b or more remain,
+    b; else more than ``over`` in two halves (ceil first); else the rest."""
+    out = []
+    while n > 0:
+        size = b if n >= 2 * b else (n + 1) // 2 if n > over else n
+        out.append(size)
+        n -= size
+    return out
+
+
+def avx2_kinds(rows: int, cols: int, nc: int, mc: int, trans_a: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the AVX2 kernel's tiles each output sits in. Each call (Eigen's block of
+    ``mc`` TF columns x ``nc`` TF rows; 0: all) is cut by the driver (columns in 4032s,
+    rows in 48s, 96s with A transposed), each piece into tiles of 16 columns x 6 rows.
+    Returns ``un`` per TF row (6, or the rows of a piece's last partial tile, 1-5) and
+    ``um`` per TF column (16; 8 for the last 1-8 columns of a piece, which run the 8-wide
+    kernel)."""
+    un = np.full(rows, 6, np.int8)
+    bn = 96 if trans_a else 48
+    step = nc or rows
+    for j0 in range(0, rows, step):
+        s = j0
+        for size in nocopy_sizes(min(rows, j0 + step) - j0, bn, bn + bn // 2):
+            if size % 6:
+                un[s + size - size % 6:s + size] = size % 6
+            s += size
+    um = np.full(cols, 16, np.int8)
+    step = mc or cols
+    for i0 in range(0, cols, step):
+        s = i0
+        for size in nocopy_sizes(min(cols, i0 + step) - i0, 4032, 4032 + 2016):
+            if 1 <= size % 16 <= 8:
+                um[s + size - size % 16:s + size] = 8
+            s += size
+    return un, um
+
+
+def two_sets(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
+             fused: np.ndarray) -> np.ndarray:
+    """The AVX2 kernel's edge-tile sum of A [R, K] x B [K, C] over ``ranges`` (its K
+    passes, from zero, each added to the running result): per pass two accumulators from
+    +0, one over the even, one over the odd steps of the pass's whole pairs, added; an
+    odd pass's last step into their sum. A step is an FMA where ``fused`` [R] (tiles of 3
+    rows or more), else a product then a sum (1 and 2 rows: ``useFma = false``)."""
+    f = fused[:, None]
+
+    def step(acc: np.ndarray, k: int) -> np.ndarray:
+        a, b = A[:, k:k + 1], B[k:k + 1, :]
+        return np.where(f, fma(a, b, acc), add(acc, mul(a, b)))
+
+    c = np.zeros((A.shape[0], B.shape[1]), F32)
+    for s, e in ranges:
+        even = np.zeros_like(c)
+        odd = np.zeros_like(c)
+        for k in range(s, e - (e - s) % 2, 2):
+            even = step(even, k)
+            odd = step(odd, k + 1)
+        acc = add(even, odd)
+        if (e - s) % 2:
+            acc = step(acc, e - 1)
+        c = add(c, acc)
+    return c
+
+
+def avx2_tiles(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
+               un: np.ndarray, um: np.ndarray, C: np.ndarray) -> None:
+    """Recompute in C [M, N] (A [M, K] x B [K, N] over ``ranges``) the outputs that the
+    AVX2 kernel sums with two accumulator sets (:func:`two_sets`): those of the 8-wide
+    column tiles (``um == 8``) and of row tiles of 1-3 rows (``un <= 3``); the others
+    (16 x 4-6 tiles) are one FMA chain a pass, as on AVX-512."""
+    rows = np.flatnonzero(un <= 3)
+    cols = np.flatnonzero(um == 8)
+    if rows.size:
+        C[rows, :] = two_sets(A[rows], B, ranges, un[rows] >= 3)
+    if cols.size:
+        C[:, cols] = two_sets(A, B[:, cols], ranges, un >= 3)

@@ -4,7 +4,8 @@
 
 Patch buffers are bounded as TF bounds its own: the backprops work per chunk of images
 (BackpropFilter per TF's shard, whose contraction it is; BackpropInput per chunk of at
-most ``_CHUNK`` floats of patches, each row's sum fixed by the plan alone).
+most ``_CHUNK`` floats of patches, each row's sum fixed by the plan and the row's place
+in TF's contraction, which the AVX2 kernel's edge tiles depend on: ``rows``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ _CHUNK = 1 << 23
 _PATCHES = 1 << 21  # floats of Conv2D's patches built at a time (8 MiB)
 
 
-def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan) -> np.ndarray:
+def _contract(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
+              rows: tuple[int, int] | None = None) -> np.ndarray:
     """Eigen's tensor contraction on the matmul kernels; its one-row shape (Eigen's
-    n = 1: its own GEMV) by the reference, which is O(K N)."""
+    n = 1: its own GEMV) by the reference, which is O(K N). ``rows``: as
+    ``dispatch.matmul``'s (images stacked)."""
     A = a.T if ta else a
     B = b.T if tb else b
     if A.shape[0] == 1:
         return _gemv_rows(A, B)
-    return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]))
+    return mm.matmul(a, b, ta, tb, edge_plan(p, B.shape[1]), rows=rows)
 
 
 def _gemv_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -79,8 +82,9 @@ def forward(x: np.ndarray, f: np.ndarray, geo: Geometry, p: Plan) -> np.ndarray:
     """The contraction of all of the images' patches at once, as TF's; a patch matrix
     above ``_PATCHES`` floats is built and contracted a chunk of output rows at a time
     (TF's Eigen path packs its blocks from the image, never building it). Each row's
-    sums depend on the plan alone, except Eigen's one-wide last n-block (TF's last
-    pixel, ``gemv_n``), which only the last chunk has."""
+    sums depend on the plan and the row's place (the AVX2 kernel's edge tiles: each
+    chunk says where its rows sit), and Eigen's one-wide last n-block (TF's last pixel,
+    ``gemv_n``) only the last chunk has."""
     W = np.ascontiguousarray(f).reshape(geo.F, geo.O)
     rows = geo.N * geo.OH
     step = max(2, _PATCHES // (geo.OW * geo.F))
@@ -97,7 +101,8 @@ def forward(x: np.ndarray, f: np.ndarray, geo: Geometry, p: Plan) -> np.ndarray:
             e = min(rows, s + step)
             A = _cols(x, geo, s, e - s, buf[:(e - s) * geo.OW])
             mm.matmul(A, W, False, False, edge_plan(p if e == rows else inner, geo.O),
-                      out=out[s * geo.OW:e * geo.OW], plus0=False, stream=stream)
+                      out=out[s * geo.OW:e * geo.OW], plus0=False, stream=stream,
+                      rows=(s * geo.OW, geo.N * geo.P))
     return out.reshape(geo.N, geo.OH, geo.OW, geo.O)
 
 
@@ -127,7 +132,7 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
             a = g[s:e].reshape((e - s) * geo.P, geo.O)
             if one and a.shape[0] > 1:  # (one row: Eigen's GEMV, below)
                 mm.matmul(a, W, False, True, edge_plan(p, geo.F),
-                          out=dx[s:e].reshape(a.shape[0], geo.C))
+                          out=dx[s:e].reshape(a.shape[0], geo.C), rows=(0, geo.P))
                 continue
             if kind == "smalln":
                 col = np.empty((a.shape[0], geo.F), F32)
@@ -137,7 +142,7 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
                 for i in range(e - s):  # tfgrad._tf.conv2d.gemv_one)
                     km.gemv_t(W, np.ascontiguousarray(a[i]), col[i], 0, geo.O)
             else:
-                col = _contract(a, W, False, True, p)
+                col = _contract(a, W, False, True, p, rows=(0, geo.P))
             if one:
                 dx[s:e] = 0.0
             launch(_FAMILY, k.col2im, (e - s) * geo.P * geo.F, np.ascontiguousarray(col),

@@ -13,7 +13,7 @@ import numpy as np
 from .._compile import launch
 from .._tf.contraction import Plan, combine
 from .._tf.fpenv import flush_denormals
-from .._tf.onednn import edges
+from .._tf.onednn import avx2_kinds, edges
 from ..kernels import matmul as k
 from ..kernels._simd import stream_output
 
@@ -41,14 +41,63 @@ def _ranges(p: Plan) -> tuple[np.ndarray, np.ndarray, bool]:
     return ranges, ptr, any(sh.gemv_m or sh.gemv_n for sh in p.shards)
 
 
+_Edge = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@lru_cache(maxsize=256)
+def _tiles(p: Plan, M: int, N: int, rows: tuple[int, int] | None
+           ) -> tuple[_Edge | None, ...]:
+    """Per shard, the outputs of the AVX2 kernel's edge tiles among these M rows (None:
+    none), as :func:`tfgrad.kernels.matmul.two_sets` takes them: the rows of 1-3-row tiles
+    (all columns) and whether each is fused, then every row's fused flag and the column
+    runs of 8-wide tiles. ``rows``: (the first row's index, the rows of the contraction
+    TF runs), row i being row (first + i) mod that: a chunk of TF's contraction, or
+    images stacked."""
+    first, period = rows or (0, M)
+    out: list[_Edge | None] = []
+    for sh in p.shards:
+        if sh.isa != "avx2":
+            out.append(None)
+            continue
+        un, um = avx2_kinds(period, N, sh.nc, sh.mc, sh.trans_a)
+        un = un[(first + np.arange(M)) % period]
+        few = np.flatnonzero(un <= 3)
+        cols = np.flatnonzero(um == 8)
+        if not (few.size or cols.size):
+            out.append(None)
+            continue
+        cut = np.flatnonzero(np.diff(cols) != 1) + 1  # runs of consecutive columns
+        runs = (np.stack([cols[np.r_[0, cut]], cols[np.r_[cut - 1, cols.size - 1]] + 1], 1)
+                if cols.size else np.zeros((0, 2), np.int64))
+        edge = (few, un[few] >= 3, un >= 3, runs.astype(np.int64),
+                np.array(sh.ranges, np.int64).reshape(-1, 2))
+        for x in edge:
+            x.flags.writeable = False
+        out.append(edge)
+    return tuple(out)
+
+
+def _edge_tiles(A: np.ndarray, B: np.ndarray, Nb: int, N: int, t: _Edge, c: np.ndarray
+                ) -> None:
+    """Recompute in c [M, N] the outputs of the AVX2 kernel's edge tiles
+    (:func:`tfgrad._tf.onednn.avx2_tiles` is the NumPy model): rows of 1-3-row tiles,
+    all columns; columns of 8-wide tiles, all rows."""
+    few, few_fused, fused, runs, ranges = t
+    if few.size:
+        k.two_sets(A, B, Nb, ranges, few, few_fused, np.array([[0, N]], np.int64), c)
+    if runs.size:
+        k.two_sets(A, B, Nb, ranges, np.arange(A.shape[0]), fused, runs, c)
+
+
 def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
-           out: np.ndarray | None = None, plus0: bool = True, stream: bool = False
-           ) -> np.ndarray:
+           out: np.ndarray | None = None, plus0: bool = True, stream: bool = False,
+           rows: tuple[int, int] | None = None) -> np.ndarray:
     """The contraction path (min(M, K, N) > 1) with TF's plan ``p``. With ``out``
     (C-contiguous [M, N] float32) the result goes there: ``0 + C`` when ``plus0``
     (Col2im of a 1x1, stride-1 conv: a zeroed dx plus the contraction, -0 made +0), else
     C itself; ``stream``: ``out`` starts on a 64-byte line and N % 16 == 0, so that it
-    may be written with non-temporal stores."""
+    may be written with non-temporal stores. ``rows``: where these rows sit in the
+    contraction TF runs (:func:`_tiles`; the AVX2 kernel's edge tiles depend on it)."""
     A = a.T if ta else a  # read in place, any strides
     K = A.shape[1]
     M, N = A.shape[0], (b.shape[0] if tb else b.shape[1])
@@ -56,6 +105,8 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
     B = _padded(b.T if tb else b, Nb).reshape(-1)
     S = len(p.shards)
     ranges, ptr, edge = _ranges(p)
+    tiles = _tiles(p, M, N, rows)
+    edge = edge or any(t is not None for t in tiles)
     # straight into out ("+ 0" in the kernel's last add; the edges, plain, rewritten after)
     direct = out is not None and S == 1 and not (edge and plus0)
     if direct:
@@ -73,6 +124,9 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
     bufs = []
     for s, sh in enumerate(p.shards):
         c = C[s]
+        t = tiles[s]
+        if t is not None:  # the AVX2 kernel's edge tiles: two accumulator sets
+            _edge_tiles(A, B, Nb, N, t, c)
         if sh.gemv_m or sh.gemv_n:  # Eigen's one-wide edge blocks: oneDNN's GEMVs
             with flush_denormals():
                 edges(A, B.reshape(K, Nb)[:, :N], sh.blocks, sh.gemv_m, sh.gemv_n, c)

@@ -450,3 +450,80 @@ def _eigen_gemv(A, B, block, Y):  # type: ignore[no-untyped-def]  # pragma: no c
 
 
 eigen_gemv = Twins(_eigen_gemv)
+
+
+# --------------------------------------------------------------------------------------
+# oneDNN's AVX2 edge tiles (the NumPy model: tfgrad._tf.onednn.two_sets)
+# --------------------------------------------------------------------------------------
+@intrinsic
+def vmul(typingctx, a, b):  # type: ignore[no-untyped-def]
+    """a * b lane by lane, 16 or 8 lanes (one float32 rounding each); ``a`` a float32
+    (broadcast) or a vector of b's type."""
+    if not (b in (_V, _V8) and (a == b or a == types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        x = args[0] if a == b else _splat(builder, b, args[0])
+        return builder.fmul(x, args[1])
+
+    return b(a, b), codegen
+
+
+@inline(force=True)
+def _b8(B, i, n):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """B.flat[i:i + n] in eight lanes (a whole load where the row has room)."""
+    return vload8(B, i) if n == 8 else vload8_part(B, i, n)
+
+
+@inline(force=True)
+def _step(acc, a, b, f):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One step of an edge tile's accumulator: fma(a, b, acc), or acc + a*b (two roundings)."""
+    return vfma(a, b, acc) if f else vadd(acc, vmul(a, b))
+
+
+@jit
+def two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    """C[r, lo:hi] (C [M, N]) for each ``rows[t]`` (fused: ``fused[t]``) and each column
+    run (lo, hi) of ``runs`` [R, 2]: the AVX2 kernel's edge-tile sum of A [M, K] (any
+    strides) x B (flat, [K, Nb], zeros past N) over ``ranges`` [P, 2], each pass two
+    accumulators from +0 over its even and odd steps, added, the odd last step into
+    their sum, the pass's result added to the running one; a step an FMA where fused,
+    else a product then a sum. Eight columns at a time in vector lanes, two rows at once
+    (four independent chains; each output's order oneDNN's)."""
+    fz = ftz_enter()
+    R = rows.shape[0]
+    for t in range(0, R, 2):
+        r0 = rows[t]
+        r1 = rows[min(t + 1, R - 1)]
+        f0 = fused[t]
+        f1 = fused[min(t + 1, R - 1)]
+        for q in range(runs.shape[0]):
+            for j0 in range(runs[q, 0], runs[q, 1], 8):
+                n = min(8, runs[q, 1] - j0)
+                c0 = vzeros8()
+                c1 = vzeros8()
+                for p in range(ranges.shape[0]):
+                    s = ranges[p, 0]
+                    e = ranges[p, 1]
+                    ev0 = vzeros8()
+                    od0 = vzeros8()
+                    ev1 = vzeros8()
+                    od1 = vzeros8()
+                    for k in range(s, e - (e - s) % 2, 2):
+                        b0 = _b8(B, k * Nb + j0, n)
+                        b1 = _b8(B, (k + 1) * Nb + j0, n)
+                        ev0 = _step(ev0, A[r0, k], b0, f0)
+                        od0 = _step(od0, A[r0, k + 1], b1, f0)
+                        ev1 = _step(ev1, A[r1, k], b0, f1)
+                        od1 = _step(od1, A[r1, k + 1], b1, f1)
+                    ev0 = vadd(ev0, od0)
+                    ev1 = vadd(ev1, od1)
+                    if (e - s) % 2:
+                        b0 = _b8(B, (e - 1) * Nb + j0, n)
+                        ev0 = _step(ev0, A[r0, e - 1], b0, f0)
+                        ev1 = _step(ev1, A[r1, e - 1], b0, f1)
+                    c0 = vadd(c0, ev0)
+                    c1 = vadd(c1, ev1)
+                vstore8_part(C, r0 * C.shape[1] + j0, c0, n)
+                vstore8_part(C, r1 * C.shape[1] + j0, c1, n)
+    ftz_exit(fz)

@@ -37,7 +37,7 @@ from .._errors import InvalidArgumentError, UnimplementedError
 from .._tf import contraction, onednn
 from .._tf import conv2d as _patches
 from .._tf.conv2d import Geometry
-from .._tf.cpuid import eigen_caches
+from .._tf.cpuid import eigen_caches, onednn_isa
 from .._tf.depthwise import window
 from .._tf.fpenv import flush_denormals, flushed
 from .._validate import check_alloc, overflow_words, shape_str
@@ -323,7 +323,7 @@ def forward_plan(geo: Geometry, padding: str) -> contraction.Plan:
     if matmul_path(geo, padding):
         return _mm.plan(geo.N * geo.P, geo.F, geo.O)
     return _patches.plan(geo.O, geo.N * geo.P, geo.F, _config.tf_intra_op_threads(),
-                         *eigen_caches())
+                         *eigen_caches(), onednn_isa())
 
 
 def input_parallel(geo: Geometry) -> bool:
@@ -338,18 +338,22 @@ def input_plan(geo: Geometry) -> contraction.Plan:
     :func:`input_direct_kind` for its other kernels)."""
     if input_parallel(geo):
         return _mm.plan(geo.P, geo.O, geo.F)
-    passes = tuple(contraction.onednn_passes(0, geo.O))
+    isa = onednn_isa()
+    passes = tuple(contraction.onednn_passes(0, geo.O, isa))
     return contraction.Plan((contraction.Shard(blocks=((0, geo.O),), ranges=passes,
-                                               gemv_m=False, gemv_n=False),), "direct")
+                                               gemv_m=False, gemv_n=False, isa=isa,
+                                               trans_a=True),), "direct")
 
 
 def input_direct_kind(geo: Geometry) -> str:
     """Which oneDNN kernel the sharded path's sgemm (column-major: M = F, N = OH*OW,
     K = O, A transposed) runs: ``"gemv"`` (N = 1: gemv_t), ``"smalln"`` (1 < N < 16:
-    gemm_smalln_tn), ``"nocopy"`` otherwise; ``""`` on the parallel path."""
+    gemm_smalln_tn, AVX-512 only), ``"nocopy"`` otherwise; ``""`` on the parallel path."""
     if input_parallel(geo):
         return ""
-    return "gemv" if geo.P == 1 else "smalln" if geo.P < 16 else "nocopy"
+    if geo.P == 1:
+        return "gemv"
+    return "smalln" if geo.P < 16 and onednn_isa() == "avx512_core" else "nocopy"
 
 
 def smalln_reference(A: np.ndarray, B: np.ndarray) -> np.ndarray:

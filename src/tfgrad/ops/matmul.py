@@ -27,7 +27,7 @@ import numpy as np
 from .. import _config
 from .._errors import InvalidArgumentError
 from .._tf import contraction, onednn
-from .._tf.cpuid import eigen_caches
+from .._tf.cpuid import eigen_caches, onednn_isa
 from .._tf.fpenv import flushed
 from .._tf.onednn import add, fma
 from .._validate import check_alloc, shape_str
@@ -45,7 +45,8 @@ def _dispatch() -> Any:
 
 def plan(m: int, k: int, n: int) -> contraction.Plan:
     """The contraction's plan for TF's [M, K] x [K, N] on this machine (Eigen's m = N)."""
-    return contraction.plan(n, m, k, _config.tf_intra_op_threads(), *eigen_caches())
+    return contraction.plan(n, m, k, _config.tf_intra_op_threads(), *eigen_caches(),
+                            onednn_isa())
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -68,6 +69,9 @@ def reference_contraction(A: np.ndarray, B: np.ndarray, p: contraction.Plan) -> 
             for kk in range(s, e):
                 acc = fma(A[:, kk:kk + 1], B[kk:kk + 1, :], acc)
             c = add(c, acc)
+        if sh.isa == "avx2":
+            un, um = onednn.avx2_kinds(M, N, sh.nc, sh.mc)
+            onednn.avx2_tiles(A, B, sh.ranges, un, um, c)
         onednn.edges(A, B, sh.blocks, sh.gemv_m, sh.gemv_n, c)
         bufs.append(c.reshape(-1))
     return contraction.combine(bufs).reshape(M, N)

@@ -123,6 +123,12 @@ CASES: list[Case] = [
 ]
 
 
+def processor_dependent(case: Case, kwargs: dict[str, Any]) -> set[str]:
+    """Every output: each op sums through TF's contraction, whose order follows TF's
+    intra-op thread count, the L1 size Eigen reads and oneDNN's kernel (docs/conv2d.md)."""
+    return {o.name for o in OPS[case.op].outputs}
+
+
 # --------------------------------------------------------------------------------------
 # Errors (checked against TF live)
 # --------------------------------------------------------------------------------------
