@@ -26,7 +26,7 @@ from tfgrad import raw_ops
 from tfgrad._compile import jit
 from tfgrad._gradients import steps
 from tfgrad._tf import contraction, onednn
-from tfgrad._tf.cpuid import modelled, use_onednn_isa
+from tfgrad._tf.cpuid import modelled, onednn_isa, use_onednn_isa
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
 from tfgrad.testing.cases.matmul import spread
@@ -184,6 +184,31 @@ def test_avx2_tiles():
     assert np.flatnonzero(um == 8).tolist() == list(range(16, 24)) + list(range(40, 48))
     assert onednn.nocopy_sizes(200, 48, 72) == [48, 48, 48, 56]
     assert contraction.onednn_passes(0, 700, "avx2") == [(0, 256), (256, 478), (478, 700)]
+
+
+def test_avx2_copy_based_blocks():
+    """oneDNN's AVX2 driver runs a call copy-based unless 1/m + 1/n >= 0.0038 (or k <= 2):
+    one FMA chain per output over K passes of its own (192s from 384 on), no edge tiles.
+    889 x 64 x 834 on 2 threads: Eigen's blocks of 672 columns x 456 rows; the one of
+    433 rows is copy-based and holds the 1-row tile of row 888 (TF live, AVX2: its
+    columns 0-671 are single chains)."""
+    assert contraction.copy_based(672, 433, 64) and not contraction.copy_based(162, 433, 64)
+    assert not contraction.copy_based(672, 433, 2)
+    assert contraction.copy_passes(0, 300) == contraction.onednn_passes(0, 300, "avx2")
+    assert contraction.copy_passes(0, 400) == [(0, 192), (192, 384), (384, 400)]
+    assert contraction.onednn_passes(0, 400, "avx2") == [(0, 200), (200, 400)]
+    p = contraction.plan(834, 889, 64, 2, 32768, 1 << 20, 320 << 20, "avx2")
+    sh = p.shards[0]
+    assert (sh.mc, sh.nc) == (672, 456)
+    assert sh.copy == ((0, 456, 0, 672), (456, 889, 0, 672))
+    un, um = onednn.avx2_kinds(889, 834, sh.nc, sh.mc)
+    assert onednn.copy_fixes(sh, un, um) == [(456, 889, 0, 672)]
+    rng = np.random.default_rng(5)
+    a, b = operands(rng, 889, 16, 834)
+    with use_onednn_isa("avx2"):
+        got = both(a, b)
+    if modelled() and onednn_isa() == "avx2":
+        check_tf(got, a=a, b=b, transpose_a=False, transpose_b=False)
 
 
 @pytest.mark.parametrize("m,k,n", [(44, 41, 40), (45, 40, 24), (7, 300, 9), (100, 33, 20),

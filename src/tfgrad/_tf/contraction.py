@@ -65,6 +65,12 @@ class Shard:
     trans_a: bool = False
     """oneDNN's A transposed (Conv2DBackpropInput's direct sgemm): the AVX2 driver cuts
     rows in 96s instead of 48s."""
+    copy: tuple[tuple[int, int, int, int], ...] = ()
+    """AVX2: the Eigen blocks (TF's rows r0:r1, columns c0:c1) that oneDNN runs on its
+    copy-based kernel (:func:`copy_based`): one FMA chain per output over ``copy_ranges``,
+    no edge tiles."""
+    copy_ranges: tuple[tuple[int, int], ...] = ()
+    """``blocks`` split by the copy-based kernel's K passes (:func:`copy_passes`)."""
 
 
 @dataclass(frozen=True)
@@ -172,16 +178,46 @@ def onednn_passes(start: int, end: int, isa: str = "avx512_core") -> list[tuple[
     return out
 
 
+def copy_based(m: int, n: int, k: int) -> bool:
+    """Whether oneDNN's AVX2 sgemm (one thread, B not transposed) takes its copy-based
+    kernel for an m x n x k call (``nocopy_checker_avx2``): unless 1/m + 1/n >= 0.0038
+    (its "crude threshold"), only k <= 2 stays on the nocopy kernel."""
+    return 1.0 / m + 1.0 / n < 0.0038 and k > 2
+
+
+def copy_passes(start: int, end: int) -> list[tuple[int, int]]:
+    """The copy-based AVX2 kernel's K passes over one Eigen block (``get_k_padd``: bk 192,
+    bk_traditional 256): K <= 256 one pass; K < 384 ceil(K / 2), then the rest; else
+    passes of 192, the last what remains."""
+    kk = end - start
+    step = kk if kk <= 256 else (kk + 1) // 2 if kk < 384 else 192
+    return [(s, min(end, s + step)) for s in range(start, end, step)]
+
+
+def copy_blocks(m: int, n: int, mc: int, nc: int, blocks: tuple[tuple[int, int], ...]
+                ) -> tuple[tuple[int, int, int, int], ...]:
+    """The Eigen blocks (TF's rows r0:r1, columns c0:c1) of an [m, k] x [k, n] (Eigen's
+    names) contraction that oneDNN's AVX2 sgemm runs copy-based (every k-block more
+    than 2 deep; a k <= 2 block alone is not modelled)."""
+    if min(e - s for s, e in blocks) <= 2:
+        return ()
+    return tuple((j, min(n, j + nc), i, min(m, i + mc)) for j in range(0, n, nc)
+                 for i in range(0, m, mc) if copy_based(min(mc, m - i), min(nc, n - j), 3))
+
+
 def shard(start: int, end: int, blocking: tuple[int, int, int], m: int, n: int,
           isa: str = "avx512_core") -> Shard:
     kc, mc, nc = blocking
     blocks = tuple((s, min(end, s + kc)) for s in range(start, end, kc))
     ranges = tuple(r for s, e in blocks for r in onednn_passes(s, e, isa))
+    copy = copy_blocks(m, n, mc, nc, blocks) if isa == "avx2" else ()
+    copy_ranges = tuple(r for s, e in blocks for r in copy_passes(s, e)) if copy else ()
     # the last block along m (n) has m - mc * (ceil(m / mc) - 1) rows (columns); m == 1
     # (Conv2D with one output channel) is all gemv_t. (n == 1 never gets here in TF:
     # Eigen's evalGemv, its own non-FMA GEMV, computes it; not modelled.)
     return Shard(blocks, ranges, m - mc * (-(-m // mc) - 1) == 1,
-                 n > 1 and n - nc * (-(-n // nc) - 1) == 1, mc, nc, isa)
+                 n > 1 and n - nc * (-(-n // nc) - 1) == 1, mc, nc, isa, copy=copy,
+                 copy_ranges=copy_ranges)
 
 
 # --------------------------------------------------------------------------------------

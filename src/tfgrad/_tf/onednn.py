@@ -6,6 +6,8 @@ nocopy blocks compiled and these edges here)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .fpenv import flushed
@@ -186,3 +188,14 @@ def avx2_tiles(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...]
         C[rows, :] = two_sets(A[rows], B, ranges, un[rows] >= 3)
     if cols.size:
         C[:, cols] = two_sets(A, B[:, cols], ranges, un >= 3)
+
+
+def copy_fixes(sh: Any, un: np.ndarray, um: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """The copy-based blocks of an AVX2 shard (TF's rows r0:r1, columns c0:c1, in the
+    shard's contraction) whose outputs the nocopy model (its K passes, then
+    :func:`avx2_tiles`) does not give: all of them where the copy-based K passes differ,
+    else those holding edge-tile outputs."""
+    if tuple(sh.copy_ranges) != tuple(sh.ranges):
+        return list(sh.copy)
+    return [(r0, r1, c0, c1) for r0, r1, c0, c1 in sh.copy
+            if (un[r0:r1] <= 3).any() or (um[c0:c1] == 8).any()]

@@ -7,13 +7,14 @@ order."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from .._compile import launch
 from .._tf.contraction import Plan, combine
 from .._tf.fpenv import flush_denormals
-from .._tf.onednn import avx2_kinds, edges
+from .._tf.onednn import avx2_kinds, copy_fixes, edges
 from ..kernels import matmul as k
 from ..kernels._simd import stream_output
 
@@ -41,52 +42,101 @@ def _ranges(p: Plan) -> tuple[np.ndarray, np.ndarray, bool]:
     return ranges, ptr, any(sh.gemv_m or sh.gemv_n for sh in p.shards)
 
 
-_Edge = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+class _Edge(NamedTuple):
+    """One AVX2 shard's outputs that its nocopy K passes' chains do not give, for the M
+    rows of a call."""
+
+    few: np.ndarray
+    """Rows of 1-3-row tiles (all their columns: :func:`tfgrad.kernels.matmul.two_sets`)."""
+    few_fused: np.ndarray
+    """Whether each of ``few`` is fused (a 3-row tile)."""
+    fused: np.ndarray
+    """Every row's fused flag (for the columns of 8-wide tiles)."""
+    runs: np.ndarray
+    """[R, 2]: runs of consecutive columns of 8-wide tiles."""
+    ranges: np.ndarray
+    """[P, 2]: the shard's nocopy K passes."""
+    copy: tuple[tuple[int, int, int, int], ...]
+    """Rows i0:i1 (of the call), columns c0:c1 run copy-based: chains over ``copy_ranges``."""
+    copy_ranges: np.ndarray
+    every: bool
+    """Every output is in an 8-wide tile (N <= 8): the chains need not be computed."""
+
+
+def _frozen(*xs: np.ndarray) -> None:
+    for x in xs:
+        x.flags.writeable = False
+
+
+def _row_runs(g: np.ndarray, r0: int, r1: int) -> list[tuple[int, int]]:
+    """The runs (i0, i1) of call rows i whose contraction row g[i] is in [r0, r1)."""
+    inside = np.flatnonzero((g >= r0) & (g < r1))
+    if not inside.size:
+        return []
+    cut = np.flatnonzero(np.diff(inside) != 1) + 1
+    return [(int(x[0]), int(x[-1]) + 1) for x in np.split(inside, cut)]
 
 
 @lru_cache(maxsize=256)
 def _tiles(p: Plan, M: int, N: int, rows: tuple[int, int] | None
            ) -> tuple[_Edge | None, ...]:
-    """Per shard, the outputs of the AVX2 kernel's edge tiles among these M rows (None:
-    none), as :func:`tfgrad.kernels.matmul.two_sets` takes them: the rows of 1-3-row tiles
-    (all columns) and whether each is fused, then every row's fused flag and the column
-    runs of 8-wide tiles. ``rows``: (the first row's index, the rows of the contraction
-    TF runs), row i being row (first + i) mod that: a chunk of TF's contraction, or
-    images stacked."""
+    """Per shard, what the AVX2 kernel computes otherwise than the nocopy chains among
+    these M rows (None: nothing): its edge tiles and its copy-based blocks. ``rows``: (the
+    first row's index, the rows of the contraction TF runs), row i being row
+    (first + i) mod that: a chunk of TF's contraction, or images stacked."""
     first, period = rows or (0, M)
+    g = (first + np.arange(M)) % period
     out: list[_Edge | None] = []
     for sh in p.shards:
         if sh.isa != "avx2":
             out.append(None)
             continue
-        un, um = avx2_kinds(period, N, sh.nc, sh.mc, sh.trans_a)
-        un = un[(first + np.arange(M)) % period]
+        un_all, um = avx2_kinds(period, N, sh.nc, sh.mc, sh.trans_a)
+        un = un_all[g]
         few = np.flatnonzero(un <= 3)
         cols = np.flatnonzero(um == 8)
-        if not (few.size or cols.size):
+        copy = tuple((i0, i1, c0, c1) for r0, r1, c0, c1 in copy_fixes(sh, un_all, um)
+                     for i0, i1 in _row_runs(g, r0, r1))
+        if not (few.size or cols.size or copy):
             out.append(None)
             continue
         cut = np.flatnonzero(np.diff(cols) != 1) + 1  # runs of consecutive columns
         runs = (np.stack([cols[np.r_[0, cut]], cols[np.r_[cut - 1, cols.size - 1]] + 1], 1)
-                if cols.size else np.zeros((0, 2), np.int64))
-        edge = (few, un[few] >= 3, un >= 3, runs.astype(np.int64),
-                np.array(sh.ranges, np.int64).reshape(-1, 2))
-        for x in edge:
-            x.flags.writeable = False
+                if cols.size else np.zeros((0, 2), np.int64)).astype(np.int64)
+        edge = _Edge(few, un[few] >= 3, un >= 3, runs,
+                     np.array(sh.ranges, np.int64).reshape(-1, 2), copy,
+                     np.array(sh.copy_ranges, np.int64).reshape(-1, 2),
+                     cols.size == N and not copy)
+        _frozen(edge.few, edge.few_fused, edge.fused, edge.runs, edge.ranges,
+                edge.copy_ranges)
         out.append(edge)
     return tuple(out)
 
 
 def _edge_tiles(A: np.ndarray, B: np.ndarray, Nb: int, N: int, t: _Edge, c: np.ndarray
                 ) -> None:
-    """Recompute in c [M, N] the outputs of the AVX2 kernel's edge tiles
-    (:func:`tfgrad._tf.onednn.avx2_tiles` is the NumPy model): rows of 1-3-row tiles,
-    all columns; columns of 8-wide tiles, all rows."""
-    few, few_fused, fused, runs, ranges = t
-    if few.size:
-        k.two_sets(A, B, Nb, ranges, few, few_fused, np.array([[0, N]], np.int64), c)
-    if runs.size:
-        k.two_sets(A, B, Nb, ranges, np.arange(A.shape[0]), fused, runs, c)
+    """Recompute in c [M, N] what the AVX2 kernel computes otherwise than the nocopy
+    chains (:func:`tfgrad._tf.onednn.avx2_tiles` and ``copy_fixes`` are the NumPy model):
+    rows of 1-3-row tiles, all columns; columns of 8-wide tiles, all rows; then the
+    copy-based blocks, chains over their own K passes."""
+    K = 4 * A.shape[1]  # (work: an edge-tile output costs about four of the chains')
+    if t.few.size:
+        launch(_FAMILY, k.two_sets, t.few.size * N * K, A, B, Nb, t.ranges, t.few,
+               t.few_fused, np.array([[0, N]], np.int64), c, units=t.few.size // 2)
+    if t.runs.size:
+        cols = int((t.runs[:, 1] - t.runs[:, 0]).sum())
+        launch(_FAMILY, k.two_sets, A.shape[0] * cols * K, A, B, Nb, t.ranges,
+               np.arange(A.shape[0]), t.fused, t.runs, c, units=A.shape[0] // 2)
+    Bm = B.reshape(-1, Nb)
+    for i0, i1, c0, c1 in t.copy:
+        w = -(-(c1 - c0) // 8) * 8
+        Bs = _padded(Bm[:, c0:c1], w).reshape(-1)
+        C = np.empty((1, i1 - i0, c1 - c0), F32)
+        ptr = np.array([0, len(t.copy_ranges)], np.int64)
+        launch(_FAMILY, k.contract, C.size * Bm.shape[0], A[i0:i1], Bs, w, c1 - c0,
+               t.copy_ranges, ptr, False, False, C.reshape(-1),
+               units=-(-(i1 - i0) // k.ROWS) * -(-w // k.COLS))
+        c[i0:i1, c0:c1] = C[0]
 
 
 def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
@@ -118,9 +168,11 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
         C = np.empty((S, M, N), F32)
         stream = False
     units = S * -(-M // k.ROWS) * -(-Nb // k.COLS)
-    # (the kernel sets FTZ / DAZ itself: DAZ reads denormal inputs as 0)
-    launch(_FAMILY, k.contract, M * N * K, A, B, Nb, N, ranges, ptr, direct and plus0,
-           stream, C.reshape(-1), units=units)
+    # (the kernel sets FTZ / DAZ itself: DAZ reads denormal inputs as 0); not where the
+    # AVX2 kernel's edge tiles are every output
+    if not all(t is not None and t.every for t in tiles):
+        launch(_FAMILY, k.contract, M * N * K, A, B, Nb, N, ranges, ptr, direct and plus0,
+               stream, C.reshape(-1), units=units)
     bufs = []
     for s, sh in enumerate(p.shards):
         c = C[s]

@@ -481,8 +481,7 @@ def _step(acc, a, b, f):  # type: ignore[no-untyped-def]  # pragma: no cover - c
     return vfma(a, b, acc) if f else vadd(acc, vmul(a, b))
 
 
-@jit
-def two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+def _two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
     """C[r, lo:hi] (C [M, N]) for each ``rows[t]`` (fused: ``fused[t]``) and each column
     run (lo, hi) of ``runs`` [R, 2]: the AVX2 kernel's edge-tile sum of A [M, K] (any
     strides) x B (flat, [K, Nb], zeros past N) over ``ranges`` [P, 2], each pass two
@@ -490,9 +489,10 @@ def two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untyped
     their sum, the pass's result added to the running one; a step an FMA where fused,
     else a product then a sum. Eight columns at a time in vector lanes, two rows at once
     (four independent chains; each output's order oneDNN's)."""
-    fz = ftz_enter()
     R = rows.shape[0]
-    for t in range(0, R, 2):
+    for tt in prange((R + 1) // 2):
+        fz = ftz_enter()
+        t = 2 * tt
         r0 = rows[t]
         r1 = rows[min(t + 1, R - 1)]
         f0 = fused[t]
@@ -526,4 +526,7 @@ def two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untyped
                     c1 = vadd(c1, ev1)
                 vstore8_part(C, r0 * C.shape[1] + j0, c0, n)
                 vstore8_part(C, r1 * C.shape[1] + j0, c1, n)
-    ftz_exit(fz)
+        ftz_exit(fz)
+
+
+two_sets = Twins(_two_sets)

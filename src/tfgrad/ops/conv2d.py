@@ -340,9 +340,11 @@ def input_plan(geo: Geometry) -> contraction.Plan:
         return _mm.plan(geo.P, geo.O, geo.F)
     isa = onednn_isa()
     passes = tuple(contraction.onednn_passes(0, geo.O, isa))
-    return contraction.Plan((contraction.Shard(blocks=((0, geo.O),), ranges=passes,
-                                               gemv_m=False, gemv_n=False, isa=isa,
-                                               trans_a=True),), "direct")
+    copy = isa == "avx2" and contraction.copy_based(geo.F, geo.P, geo.O)
+    return contraction.Plan((contraction.Shard(
+        blocks=((0, geo.O),), ranges=passes, gemv_m=False, gemv_n=False, isa=isa,
+        trans_a=True, copy=((0, geo.P, 0, geo.F),) if copy else (),
+        copy_ranges=tuple(contraction.copy_passes(0, geo.O)) if copy else ()),), "direct")
 
 
 def input_direct_kind(geo: Geometry) -> str:

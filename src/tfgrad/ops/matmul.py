@@ -58,20 +58,30 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 # The reference
 # --------------------------------------------------------------------------------------
+def _chains(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...]
+            ) -> np.ndarray:
+    """Per output one FMA chain from +0 over each k-range (oneDNN's accumulators), the
+    chains added in order to +0 (Eigen zero-fills C, then every block adds: beta 1)."""
+    c = np.zeros((A.shape[0], B.shape[1]), F32)
+    for s, e in ranges:
+        acc = np.zeros_like(c)
+        for kk in range(s, e):
+            acc = fma(A[:, kk:kk + 1], B[kk:kk + 1, :], acc)
+        c = add(c, acc)
+    return c
+
+
 def reference_contraction(A: np.ndarray, B: np.ndarray, p: contraction.Plan) -> np.ndarray:
     """Eigen's contraction with oneDNN's blocks: [M, K] x [K, N] (float32, flushed)."""
     M, N = A.shape[0], B.shape[1]
     bufs = []
     for sh in p.shards:
-        c = np.zeros((M, N), F32)  # Eigen zero-fills, then every block adds (beta = 1)
-        for s, e in sh.ranges:
-            acc = np.zeros((M, N), F32)  # oneDNN's accumulators: one FMA chain per pass
-            for kk in range(s, e):
-                acc = fma(A[:, kk:kk + 1], B[kk:kk + 1, :], acc)
-            c = add(c, acc)
+        c = _chains(A, B, sh.ranges)
         if sh.isa == "avx2":
-            un, um = onednn.avx2_kinds(M, N, sh.nc, sh.mc)
+            un, um = onednn.avx2_kinds(M, N, sh.nc, sh.mc, sh.trans_a)
             onednn.avx2_tiles(A, B, sh.ranges, un, um, c)
+            for r0, r1, c0, c1 in onednn.copy_fixes(sh, un, um):
+                c[r0:r1, c0:c1] = _chains(A[r0:r1], B[:, c0:c1], sh.copy_ranges)
         onednn.edges(A, B, sh.blocks, sh.gemv_m, sh.gemv_n, c)
         bufs.append(c.reshape(-1))
     return contraction.combine(bufs).reshape(M, N)
