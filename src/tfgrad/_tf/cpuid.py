@@ -77,6 +77,12 @@ def eigen_caches() -> tuple[int, int, int]:
 
 
 @cache
+def _xcr0() -> int:
+    """XCR0: the register states the OS saves (XGETBV; the caller checks OSXSAVE)."""
+    return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))())
+
+
+@cache
 def avx512_core() -> bool:
     """Whether oneDNN takes its AVX-512 kernels here (``mayiuse(avx512_core)``: AVX-512 F,
     DQ, BW and VL in CPUID leaf 7, and the OS saving the ZMM state, XCR0 bits 5-7)."""
@@ -88,7 +94,7 @@ def avx512_core() -> bool:
         b = cpuid(7)[1]
         if not all(b >> bit & 1 for bit in (16, 17, 30, 31)):
             return False
-        return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))()) & 0xE6 == 0xE6
+        return _xcr0() & 0xE6 == 0xE6
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -105,7 +111,7 @@ def avx2() -> bool:
         c1 = cpuid(1)[2]
         if not (c1 >> 27 & 1 and c1 >> 12 & 1 and cpuid(7)[1] >> 5 & 1):
             return False
-        return int(_machine_code(_XGETBV, ctypes.CFUNCTYPE(ctypes.c_uint64))()) & 6 == 6
+        return _xcr0() & 6 == 6
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -6,11 +6,14 @@ nocopy blocks compiled and these edges here)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .fpenv import flushed
+
+if TYPE_CHECKING:
+    from .contraction import Shard
 
 F32 = np.float32
 F64 = np.float64
@@ -131,22 +134,26 @@ def avx2_kinds(rows: int, cols: int, nc: int, mc: int, trans_a: bool = False
     kernel)."""
     un = np.full(rows, 6, np.int8)
     bn = 96 if trans_a else 48
-    step = nc or rows
-    for j0 in range(0, rows, step):
-        s = j0
-        for size in nocopy_sizes(min(rows, j0 + step) - j0, bn, bn + bn // 2):
-            if size % 6:
-                un[s + size - size % 6:s + size] = size % 6
-            s += size
+    for s, size in _pieces(rows, nc, bn, bn + bn // 2):
+        if size % 6:
+            un[s + size - size % 6:s + size] = size % 6
     um = np.full(cols, 16, np.int8)
-    step = mc or cols
-    for i0 in range(0, cols, step):
-        s = i0
-        for size in nocopy_sizes(min(cols, i0 + step) - i0, 4032, 4032 + 2016):
-            if 1 <= size % 16 <= 8:
-                um[s + size - size % 16:s + size] = 8
-            s += size
+    for s, size in _pieces(cols, mc, 4032, 4032 + 2016):
+        if 1 <= size % 16 <= 8:
+            um[s + size - size % 16:s + size] = 8
     return un, um
+
+
+def _pieces(total: int, block: int, b: int, over: int) -> list[tuple[int, int]]:
+    """(start, size) of the driver's pieces of ``total``, cut in Eigen's blocks of
+    ``block`` (0: one), each cut by :func:`nocopy_sizes`."""
+    out = []
+    for j0 in range(0, total, block or total):
+        s = j0
+        for size in nocopy_sizes(min(total, j0 + (block or total)) - j0, b, over):
+            out.append((s, size))
+            s += size
+    return out
 
 
 def two_sets(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
@@ -190,7 +197,8 @@ def avx2_tiles(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...]
         C[:, cols] = two_sets(A, B[:, cols], ranges, un >= 3)
 
 
-def copy_fixes(sh: Any, un: np.ndarray, um: np.ndarray) -> list[tuple[int, int, int, int]]:
+def copy_fixes(sh: Shard, un: np.ndarray, um: np.ndarray
+               ) -> list[tuple[int, int, int, int]]:
     """The copy-based blocks of an AVX2 shard (TF's rows r0:r1, columns c0:c1, in the
     shard's contraction) whose outputs the nocopy model (its K passes, then
     :func:`avx2_tiles`) does not give: all of them where the copy-based K passes differ,

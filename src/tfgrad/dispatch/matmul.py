@@ -59,6 +59,8 @@ class _Edge(NamedTuple):
     copy: tuple[tuple[int, int, int, int], ...]
     """Rows i0:i1 (of the call), columns c0:c1 run copy-based: chains over ``copy_ranges``."""
     copy_ranges: np.ndarray
+    full: np.ndarray
+    """[[0, N]]: every column, as one run (for ``few``)."""
     every: bool
     """Every output is in an 8-wide tile (N <= 8): the chains need not be computed."""
 
@@ -68,13 +70,21 @@ def _frozen(*xs: np.ndarray) -> None:
         x.flags.writeable = False
 
 
-def _row_runs(g: np.ndarray, r0: int, r1: int) -> list[tuple[int, int]]:
-    """The runs (i0, i1) of call rows i whose contraction row g[i] is in [r0, r1)."""
-    inside = np.flatnonzero((g >= r0) & (g < r1))
-    if not inside.size:
-        return []
-    cut = np.flatnonzero(np.diff(inside) != 1) + 1
-    return [(int(x[0]), int(x[-1]) + 1) for x in np.split(inside, cut)]
+def _runs(idx: np.ndarray) -> np.ndarray:
+    """[R, 2]: the runs (lo, hi) of consecutive values in ``idx`` (sorted, distinct)."""
+    cut = np.flatnonzero(np.diff(idx) != 1) + 1
+    lo = idx[np.r_[0, cut]] if idx.size else idx
+    hi = idx[np.r_[cut - 1, idx.size - 1]] + 1 if idx.size else idx
+    return np.stack([lo, hi], 1).astype(np.int64)
+
+
+@lru_cache(maxsize=64)
+def _kinds(rows: int, cols: int, nc: int, mc: int, trans_a: bool
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tfgrad._tf.onednn.avx2_kinds`, once per contraction (not per chunk)."""
+    un, um = avx2_kinds(rows, cols, nc, mc, trans_a)
+    _frozen(un, um)
+    return un, um
 
 
 @lru_cache(maxsize=256)
@@ -91,24 +101,22 @@ def _tiles(p: Plan, M: int, N: int, rows: tuple[int, int] | None
         if sh.isa != "avx2":
             out.append(None)
             continue
-        un_all, um = avx2_kinds(period, N, sh.nc, sh.mc, sh.trans_a)
+        un_all, um = _kinds(period, N, sh.nc, sh.mc, sh.trans_a)
         un = un_all[g]
         few = np.flatnonzero(un <= 3)
         cols = np.flatnonzero(um == 8)
-        copy = tuple((i0, i1, c0, c1) for r0, r1, c0, c1 in copy_fixes(sh, un_all, um)
-                     for i0, i1 in _row_runs(g, r0, r1))
+        copy = tuple((int(i0), int(i1), c0, c1)
+                     for r0, r1, c0, c1 in copy_fixes(sh, un_all, um)
+                     for i0, i1 in _runs(np.flatnonzero((g >= r0) & (g < r1))))
         if not (few.size or cols.size or copy):
             out.append(None)
             continue
-        cut = np.flatnonzero(np.diff(cols) != 1) + 1  # runs of consecutive columns
-        runs = (np.stack([cols[np.r_[0, cut]], cols[np.r_[cut - 1, cols.size - 1]] + 1], 1)
-                if cols.size else np.zeros((0, 2), np.int64)).astype(np.int64)
-        edge = _Edge(few, un[few] >= 3, un >= 3, runs,
+        edge = _Edge(few, un[few] >= 3, un >= 3, _runs(cols),
                      np.array(sh.ranges, np.int64).reshape(-1, 2), copy,
                      np.array(sh.copy_ranges, np.int64).reshape(-1, 2),
-                     cols.size == N and not copy)
+                     np.array([[0, N]], np.int64), cols.size == N and not copy)
         _frozen(edge.few, edge.few_fused, edge.fused, edge.runs, edge.ranges,
-                edge.copy_ranges)
+                edge.copy_ranges, edge.full)
         out.append(edge)
     return tuple(out)
 
@@ -122,7 +130,7 @@ def _edge_tiles(A: np.ndarray, B: np.ndarray, Nb: int, N: int, t: _Edge, c: np.n
     K = 4 * A.shape[1]  # (work: an edge-tile output costs about four of the chains')
     if t.few.size:
         launch(_FAMILY, k.two_sets, t.few.size * N * K, A, B, Nb, t.ranges, t.few,
-               t.few_fused, np.array([[0, N]], np.int64), c, units=t.few.size // 2)
+               t.few_fused, t.full, c, units=t.few.size // 2)
     if t.runs.size:
         cols = int((t.runs[:, 1] - t.runs[:, 0]).sum())
         launch(_FAMILY, k.two_sets, A.shape[0] * cols * K, A, B, Nb, t.ranges,
@@ -155,7 +163,8 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
     B = _padded(b.T if tb else b, Nb).reshape(-1)
     S = len(p.shards)
     ranges, ptr, edge = _ranges(p)
-    tiles = _tiles(p, M, N, rows)
+    # (AVX-512 plans never look: the plan's hash is not free)
+    tiles = _tiles(p, M, N, rows) if p.shards[0].isa == "avx2" else (None,) * S
     edge = edge or any(t is not None for t in tiles)
     # straight into out ("+ 0" in the kernel's last add; the edges, plain, rewritten after)
     direct = out is not None and S == 1 and not (edge and plus0)
