@@ -46,6 +46,14 @@ def _tf():
     return tf
 
 
+def _on_two_tf_threads(monkeypatch):
+    """TF in this process if it runs on 2 intra-op threads (the paths a test pins are
+    those of 2 threads: more threads change TF's choice), else None; tfgrad plans for 2."""
+    tf = oracle.tensorflow() if _config.tf_intra_op_threads() == 2 else None
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", "2")
+    return tf
+
+
 # --------------------------------------------------------------------------------------
 # Plans (the cases deep_3x3_c256 / c384, deep_1x1_c1280, smalln_*, one_pixel_*,
 # deep_out_* pin them against TF's bits)
@@ -117,22 +125,24 @@ def test_small_direct_kernels_against_tf(P, O):
         assert np.array_equal(_bits(got), _bits(want)), impl
 
 
-def test_backprop_input_edge_blocks_are_per_image():
+def test_backprop_input_edge_blocks_are_per_image(monkeypatch):
     """Eigen's one-wide edge blocks (TF's last row of each image's contraction) on the
-    parallel path: one contraction per image, not one per chunk of images."""
-    tf = _tf()
+    parallel path of 2 TF threads: one contraction per image, not one per chunk of
+    images. Kernel == reference (== TF where it runs on 2 threads)."""
+    tf = _on_two_tf_threads(monkeypatch)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((1, 1, 128, 1024)).astype(F32)
     dy = rng.standard_normal((2, 7, 7, 1024)).astype(F32)
-    kw = dict(strides=[1, 1, 1, 1], padding="SAME")
+    kw = dict(input_sizes=[2, 7, 7, 128], filter=w, out_backprop=dy, strides=[1, 1, 1, 1],
+              padding="SAME")
     geo = _geo("Conv2DBackpropInput", 2, 7, 7, 128, 1024, 1)
     assert C.input_direct_kind(geo) == ""
     assert any(sh.gemv_n for sh in C.input_plan(geo).shards)
-    want = tf.raw_ops.Conv2DBackpropInput(input_sizes=[2, 7, 7, 128], filter=w,
-                                          out_backprop=dy, **kw).numpy()
-    got = raw_ops.Conv2DBackpropInput(input_sizes=[2, 7, 7, 128], filter=w, out_backprop=dy,
-                                      **kw)
-    assert np.array_equal(_bits(got), _bits(want))
+    got = raw_ops.Conv2DBackpropInput(**kw)
+    with _config.use_impl("reference"):
+        assert np.array_equal(_bits(raw_ops.Conv2DBackpropInput(**kw)), _bits(got))
+    if tf is not None:
+        assert np.array_equal(_bits(got), _bits(tf.raw_ops.Conv2DBackpropInput(**kw).numpy()))
 
 
 # --------------------------------------------------------------------------------------
@@ -156,9 +166,11 @@ def test_gemv_block_follows_the_lhs_stride():
     ("Conv2DBackpropInput", 32, 1, 112, 1280, 1),    # MobileNetV2's last 1x1: 32 images
     ("Conv2DBackpropInput", 3, 3, 40, 2048, 3),      # a 3x3 filter over a 3x3 image
 ])
-def test_one_output_pixel_is_eigens_gemv(op, N, H, Cin, O, K):
-    """One output pixel per image on TF's Eigen-contraction path: each image's contraction
-    is Eigen's GEMV (all images in one launch), kernel == reference == TF."""
+def test_one_output_pixel_is_eigens_gemv(op, N, H, Cin, O, K, monkeypatch):
+    """One output pixel per image on TF's Eigen-contraction path (2 TF threads): each
+    image's contraction is Eigen's GEMV (all images in one launch), kernel == reference
+    (== TF where it runs on 2 threads)."""
+    tf = _on_two_tf_threads(monkeypatch)
     rng = np.random.default_rng(N * 7 + O)
     w = rng.standard_normal((K, K, Cin, O)).astype(F32)
     kw = dict(strides=[1, 1, 1, 1], padding="VALID")
@@ -171,9 +183,29 @@ def test_one_output_pixel_is_eigens_gemv(op, N, H, Cin, O, K):
     got = getattr(raw_ops, op)(**args)
     with _config.use_impl("reference"):
         assert np.array_equal(_bits(getattr(raw_ops, op)(**args)), _bits(got))
-    tf = oracle.tensorflow()
     if tf is not None:
         assert np.array_equal(_bits(getattr(tf.raw_ops, op)(**args).numpy()), _bits(got))
+
+
+@pytest.mark.live
+@oracle.onednn_modelled
+@pytest.mark.parametrize("N,H,Cin,O", [(24, 25, 24, 10), (16, 20, 32, 12)])
+def test_narrow_filter_gradients_take_tfs_plan(N, H, Cin, O):
+    """A filter gradient with few output channels (Eigen's m = O, K = the pixels): Eigen's
+    cost model rates it with the unsharded bandwidth whatever the sharding, and shards it
+    by K or keeps it on one thread (docs/matmul.md). [24, 25, 25, 24] with 10 channels
+    differed in 91% of its outputs on 2 threads while the model took the bandwidth by
+    column. Kernel == reference == TF."""
+    tf = _tf()
+    rng = np.random.default_rng(N + O)
+    args = dict(input=rng.standard_normal((N, H, H, Cin)).astype(F32),
+                filter_sizes=np.array([3, 3, Cin, O], np.int32),
+                out_backprop=rng.standard_normal((N, H, H, O)).astype(F32),
+                strides=[1, 1, 1, 1], padding="SAME")
+    got = raw_ops.Conv2DBackpropFilter(**args)
+    with _config.use_impl("reference"):
+        assert np.array_equal(_bits(raw_ops.Conv2DBackpropFilter(**args)), _bits(got))
+    assert np.array_equal(_bits(tf.raw_ops.Conv2DBackpropFilter(**args).numpy()), _bits(got))
 
 
 # --------------------------------------------------------------------------------------
@@ -207,6 +239,25 @@ def test_forward_patches_in_chunks_keep_the_bits(N, H, Cin, O, K, s, patches, mo
     tf = oracle.tensorflow()
     if tf is not None:
         assert np.array_equal(_bits(got), _bits(tf.raw_ops.Conv2D(input=x, filter=w, **kw)))
+
+
+@pytest.mark.parametrize("patches", [1, 40])
+def test_chunks_of_a_many_shard_plan_keep_the_tail(patches, monkeypatch):
+    """On 8 TF threads [1, 3, 3, 256] x 3x3 -> 2 channels is K-sharded into 4 shards or
+    more, whose buffers Eigen adds in groups, ``(b0 + b1) + (b2 + b3)`` on whole packets
+    of 8 and ``b0 + ((s0 + s1) + s2)`` on the outputs past them: the tail of the whole
+    output, not of each chunk of rows (a chunk's own tail differed by 2 ulp)."""
+    from tfgrad.dispatch import conv2d as D
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", "8")
+    assert len(C.forward_plan(_geo("Conv2D", 1, 3, 3, 256, 2, 3), "SAME").shards) >= 4
+    rng = np.random.default_rng(1032)
+    x = rng.standard_normal((1, 3, 3, 256)).astype(F32)
+    w = rng.standard_normal((3, 3, 256, 2)).astype(F32)
+    kw = dict(strides=[1, 1, 1, 1], padding="SAME")
+    with _config.use_impl("reference"):
+        want = raw_ops.Conv2D(input=x, filter=w, **kw)
+    monkeypatch.setattr(D, "_PATCHES", patches)
+    assert np.array_equal(_bits(raw_ops.Conv2D(input=x, filter=w, **kw)), _bits(want))
 
 
 def test_forward_patches_are_bounded(monkeypatch):

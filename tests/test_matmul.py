@@ -5,7 +5,8 @@
 - TF's plans (sequential / parallel / K-sharded blocks, oneDNN passes, one-wide edge
   blocks) against TF live on shapes too large for the fixtures;
 - TF with 1 intra-op thread vs 2 (subprocess): different bits, each matched by the plan
-  for its thread count;
+  for its thread count; TF on 4 and 16 threads (subprocesses: machines with more cores
+  than this one) on shapes whose plan the thread count changes;
 - the gradient table against TF's _MatMulGrad (tf.GradientTape) for every transpose pair;
 - kernel == reference on hypothesis shapes; results independent of Numba's thread count.
 """
@@ -109,9 +110,23 @@ def test_blocking_examples():
     p = contraction.plan(16, 16, 8192, 2, 49152, 2 << 20, 30 << 20)  # Intel's 48 KiB L1
     assert p.path == "sharded"
     assert contraction.plan(145, 49, 300, 2, l1, l2, l3).shards[0].gemv_m
+    # Eigen's cost model takes the bandwidth of an unsharded-by-column block whatever
+    # the sharding (computeBandwidth(false, bm, bn, bk)): a narrow output (Eigen's m = 8
+    # to 15, TF's N: a classifier's 10 classes) costs half what it would by column, so
+    # TF shards it by K or keeps it on one thread. Each plan below is TF's (live, on 2,
+    # 4 and 8 threads: test_tf_thread_counts and the _LIVE_SHAPES).
+    assert contraction.plan(10, 323, 1213, 2, l1, l2, l3).path == "sharded"
+    assert contraction.plan(8, 1964, 57, 2, l1, l2, l3).path == "sequential"
+    p = contraction.plan(12, 424, 4260, 4, l1, l2, l3)
+    assert p.path == "sharded" and len(p.shards) == 4
+    assert contraction.plan(12, 424, 4260, 2, l1, l2, l3).path == "parallel"
     assert contraction.combine_order(2) == [(0, 1)]
     assert contraction.combine_order(9) == [(0, 1, 2, 3), (4, 5, 6, 7), (0, 4), (0, 8)]
     assert contraction.combine_order(16)[-1] == (0, 4, 8, 12)
+    # the tail (past the last whole packet of 8) of the whole output: 3 x 5 -> 8..14; rows
+    # 2, 3, 0 of a 4-row output (a chunk): row 3's 16..19 (total 20), at 6..9 here
+    assert contraction.combine_tail(3, 5).tolist() == list(range(8, 15))
+    assert contraction.combine_tail(3, 5, (2, 4)).tolist() == [6, 7, 8, 9]
 
 
 _LIVE_SHAPES = [  # (M, K, N, ta, tb): the plans too large for the fixtures
@@ -124,6 +139,9 @@ _LIVE_SHAPES = [  # (M, K, N, ta, tb): the plans too large for the fixtures
     (32, 1280, 10, False, False),   # MobileNet's classifier
     (1280, 32, 10, True, False),    # its gradient for the weights
     (6272, 96, 64, False, False),   # a 1x1 convolution's shape (parallel)
+    (323, 1213, 10, True, False),   # a narrow output: K-sharded on 2 threads (cost model)
+    (402, 160, 12, False, True),    # the same, K = 160
+    (1964, 57, 8, True, True),      # the same, sequential on 2 threads
 ]
 
 
@@ -235,8 +253,39 @@ os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"; os.environ["TF_CPP_MIN_LOG_LEVEL"] = 
 import numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 d = np.load(sys.argv[2])
-np.save(sys.argv[3], tf.raw_ops.MatMul(a=d["a"], b=d["b"]).numpy())
+out = {}
+for i in range(int(d["n"])):
+    if f"fs{i}" in d:
+        out[f"o{i}"] = tf.raw_ops.Conv2DBackpropFilter(
+            input=d[f"a{i}"], filter_sizes=d[f"fs{i}"], out_backprop=d[f"b{i}"],
+            strides=[1, 1, 1, 1], padding="SAME").numpy()
+    else:
+        out[f"o{i}"] = tf.raw_ops.MatMul(a=d[f"a{i}"], b=d[f"b{i}"],
+                                         transpose_a=bool(d[f"t{i}"][0]),
+                                         transpose_b=bool(d[f"t{i}"][1])).numpy()
+np.savez(sys.argv[3], **out)
 """
+
+
+def _tf_on_threads(threads: int, calls: list[dict], folder) -> list[np.ndarray]:
+    """TF's outputs of ``calls`` (MatMul kwargs, or Conv2DBackpropFilter's with
+    ``filter_sizes``) on ``threads`` intra-op threads: a subprocess, as TF sizes its
+    pool once."""
+    arrays: dict[str, np.ndarray] = {"n": np.array(len(calls))}
+    for i, c in enumerate(calls):
+        if "filter_sizes" in c:
+            arrays.update({f"a{i}": c["input"], f"b{i}": c["out_backprop"],
+                           f"fs{i}": c["filter_sizes"]})
+        else:
+            arrays.update({f"a{i}": c["a"], f"b{i}": c["b"],
+                           f"t{i}": np.array([c["transpose_a"], c["transpose_b"]])})
+    src, dst = folder / f"in{threads}.npz", folder / f"out{threads}.npz"
+    np.savez(src, **arrays)
+    res = subprocess.run([sys.executable, "-c", _TF_THREADS, str(threads), str(src), str(dst)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = np.load(dst)
+    return [out[f"o{i}"] for i in range(len(calls))]
 
 
 @pytest.mark.live
@@ -248,18 +297,55 @@ def test_one_vs_two_tf_threads(tmp_path, monkeypatch):
         pytest.skip("TensorFlow is not installed")
     rng = np.random.default_rng(5)
     a, b = operands(rng, 256, 700, 256)
-    np.savez(tmp_path / "d.npz", a=a, b=b)
     outs = {}
     for t in (1, 2):
-        res = subprocess.run([sys.executable, "-c", _TF_THREADS, str(t), str(tmp_path / "d.npz"),
-                              str(tmp_path / f"o{t}.npy")], capture_output=True, text=True,
-                             timeout=300)
-        assert res.returncode == 0, res.stderr[-2000:]
-        outs[t] = np.load(tmp_path / f"o{t}.npy")
+        [outs[t]] = _tf_on_threads(t, [dict(a=a, b=b, transpose_a=False, transpose_b=False)],
+                                   tmp_path)
         monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(t))
         with tfgrad.use_impl("kernel"):
             oracle.assert_same(raw_ops.MatMul(a=a, b=b), outs[t], what=f"{t} TF threads")
     assert (outs[1] != outs[2]).mean() > 0.1
+
+
+_THREAD_SHAPES = [  # (M, K, N, ta, tb): plans that the thread count changes
+    (424, 4260, 12, False, True),   # 2 threads parallel; 4: four K-shards, (b0+b1)+(b2+b3)
+    (323, 1213, 10, True, False),   # a narrow output, K-sharded (16 threads: 13 shards)
+    (1479, 765, 10, False, True),   # 4 threads parallel; 16: eight K-shards
+    (644, 259, 10, True, True),     # 4 threads: three K-shards of 96; 16: parallel
+    (16, 8192, 16, False, False),   # 16 threads: ten K-shards (groups of 4, then leaders)
+    (777, 555, 333, False, False),  # parallel, blocked for the thread count
+    (100, 5000, 100, True, False),  # 4 threads parallel; 16: sixteen K-shards
+]
+
+
+@pytest.mark.live
+@oracle.onednn_modelled
+@pytest.mark.parametrize("threads", [4, 16])
+def test_tf_thread_counts(threads, tmp_path, monkeypatch):
+    """TF on more intra-op threads than this machine may have (a subprocess each): its
+    MatMul plans (parallel blocking, K-sharding into up to 16 shards and their sums) and
+    Conv2DBackpropFilter's, matched by the plan for that count
+    (``TFGRAD_TF_INTRA_OP_THREADS``)."""
+    if oracle.tensorflow() is None:
+        pytest.skip("TensorFlow is not installed")
+    rng = np.random.default_rng(threads)
+    calls = []
+    for m, k, n, ta, tb in _THREAD_SHAPES:
+        a, b = operands(rng, m, k, n, ta, tb)
+        calls.append(dict(a=a, b=b, transpose_a=ta, transpose_b=tb))
+    # a 3x3 filter gradient with 12 output channels: Eigen's m = 12, K = the pixels
+    calls.append(dict(input=spread(rng, (20, 24, 24, 64)),
+                      out_backprop=spread(rng, (20, 24, 24, 12)),
+                      filter_sizes=np.array([3, 3, 64, 12], np.int32)))
+    want = _tf_on_threads(threads, calls, tmp_path)
+    monkeypatch.setenv("TFGRAD_TF_INTRA_OP_THREADS", str(threads))
+    with tfgrad.use_impl("kernel"):
+        for c, w in zip(calls, want):
+            if "filter_sizes" in c:
+                got = raw_ops.Conv2DBackpropFilter(strides=[1, 1, 1, 1], padding="SAME", **c)
+            else:
+                got = raw_ops.MatMul(**c)
+            oracle.assert_same(got, w, what=f"{threads} TF threads")
 
 
 # --------------------------------------------------------------------------------------

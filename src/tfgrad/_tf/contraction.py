@@ -237,9 +237,9 @@ def cost(m: int, n: int, k: int, l1: int, l2: int, l3: int) -> float:
     output, with the blocking Eigen computes for 2 threads (its first approximation)."""
     by_col = shard_by_col(m, n, 2)
     bk, bm, bn = tf_blocking(k, m, n, 2, by_col, l1, l2, l3)
-    # computeBandwidth: 0.5 at full vectorisation, 1.0 without Eigen's FMA (this build)
-    bw = 4.0 if bk == 1 else (2.0 if (bn if by_col else bm) < NR
-                              or (bm if by_col else bn) < MR else 1.0)
+    # computeBandwidth(false, bm, bn, bk): Eigen passes false whatever the sharding (so
+    # bm < nr or bn < mr); 0.5 at full vectorisation, 1.0 without Eigen's FMA (this build)
+    bw = 4.0 if bk == 1 else (2.0 if bm < NR or bn < MR else 1.0)
     cost = bk * bw / PACKET + 4 * STORE  # compute (vectorised) + the output's store
     # lhs / rhs loads (4 bytes a coefficient) per output; one side's memory cost dropped
     cost += 4 * LOAD * bk / m if by_col else 4 * LOAD * bk / n
@@ -327,18 +327,33 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return flushed(np.add(a, b, dtype=np.float32))
 
 
-def combine(bufs: list[np.ndarray]) -> np.ndarray:
-    """Eigen's aggregation of the K-shards' buffers (``combine_order``)."""
+def combine_tail(m: int, n: int, rows: tuple[int, int] | None = None) -> np.ndarray:
+    """The flat indices of an [m, n] piece of TF's output (row-major: Eigen's buffer) that
+    Eigen's aggregation adds as its tail, past the buffer's last whole packet of 8.
+    ``rows`` (first, period): piece row i is row (first + i) mod period of a contraction
+    of period rows (a chunk of Conv2D's patches, BackpropInput's images stacked, each its
+    own contraction); None: the piece is the whole output."""
+    first, period = rows or (0, m)
+    total = period * n
+    start = total - total % PACKET
+    g = (first + np.arange(m, dtype=np.int64)) % period
+    return np.flatnonzero(g[:, None] * n + np.arange(n, dtype=np.int64) >= start)
+
+
+def combine(bufs: list[np.ndarray], tail: np.ndarray | None = None) -> np.ndarray:
+    """Eigen's aggregation of the K-shards' buffers (``combine_order``); ``tail``: the
+    flat indices added as the tail (:func:`combine_tail`; None: the last size % 8)."""
     b = [x.copy() for x in bufs]
     size = b[0].size
-    vec = size - size % PACKET
+    if tail is None:
+        tail = np.arange(size - size % PACKET, size)
     for step in combine_order(len(b)):
         if len(step) == 2:
             d, s = step
             b[d] = _add(b[d], b[s])
         else:
             d, s0, s1, s2 = step
-            head = _add(_add(b[d][:vec], b[s0][:vec]), _add(b[s1][:vec], b[s2][:vec]))
-            tail = _add(b[d][vec:], _add(_add(b[s0][vec:], b[s1][vec:]), b[s2][vec:]))
-            b[d] = np.concatenate([head, tail])
+            t = _add(b[d][tail], _add(_add(b[s0][tail], b[s1][tail]), b[s2][tail]))
+            b[d] = _add(_add(b[d], b[s0]), _add(b[s1], b[s2]))
+            b[d][tail] = t
     return b[0]

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._compile import launch
-from .._tf.contraction import Plan, combine
+from .._tf.contraction import Plan, combine, combine_tail
 from .._tf.fpenv import flush_denormals
 from .._tf.onednn import avx2_kinds, copy_fixes, edges
 from ..kernels import matmul as k
@@ -192,7 +192,9 @@ def matmul(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool, p: Plan,
             with flush_denormals():
                 edges(A, B.reshape(K, Nb)[:, :N], sh.blocks, sh.gemv_m, sh.gemv_n, c)
         bufs.append(c.reshape(-1))
-    res = (bufs[0] if S == 1 else combine(bufs)).reshape(M, N)
+    # (4 shards and more add a tail apart: where Eigen's buffer ends, not this piece)
+    res = (bufs[0] if S == 1 else
+           combine(bufs, combine_tail(M, N, rows) if S >= 4 else None)).reshape(M, N)
     if out is not None and not direct:
         if plus0:
             with flush_denormals():
