@@ -34,6 +34,11 @@ signature's entry also holds its :func:`contraction_setup`)."""
 CONTRACTION_FAMILIES = frozenset({"matmul", "conv2d"})
 """The families whose processor-dependent outputs are the contraction's sums."""
 
+RECORDED_TF_THREADS = 2
+"""TF's intra-op thread count the fixtures were recorded with (tools/make_fixtures.py
+runs on it): outputs that depend on the count (a family's ``tf_threads_dependent``) are
+compared with TF live on another (the contraction families key theirs by signature)."""
+
 SIGNED = "@rsqrt="
 """Between an output's key and the rsqrt signature it was recorded with."""
 

@@ -19,6 +19,7 @@ import pytest
 import tfgrad
 from tests import fixture_store, oracle
 from tests import test_conformance as conformance
+from tfgrad._config import tf_intra_op_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 FOREIGN = "0123456789abcdef"
@@ -225,6 +226,8 @@ def test_make_fixtures_adds_this_processors_set(tmp_path, monkeypatch):
     monkeypatch.setattr(fixture_store, "FIXTURES", tmp_path)
     monkeypatch.setattr(fixture_store, "PROCESSOR", tmp_path / "processor.json")
     monkeypatch.setattr(fixture_store, "rsqrt_signature", lambda: FOREIGN)
+    # (the tool runs on the fixtures' TF thread count: here, whatever this machine's is)
+    monkeypatch.setattr(fixture_store, "RECORDED_TF_THREADS", tf_intra_op_threads())
     spec = importlib.util.spec_from_file_location("make_fixtures",
                                                   ROOT / "tools" / "make_fixtures.py")
     make = importlib.util.module_from_spec(spec)

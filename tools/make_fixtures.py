@@ -39,6 +39,13 @@ from tfgrad.testing import processor_dependent  # noqa: E402
 def main(argv: list[str]) -> int:
     import tensorflow as tf
 
+    from tfgrad._config import tf_intra_op_threads
+
+    if tf_intra_op_threads() != fixture_store.RECORDED_TF_THREADS:
+        # (outputs whose bits follow TF's thread count are stored for one count)
+        print(f"TF would run on {tf_intra_op_threads()} intra-op threads: run with "
+              f"TF_NUM_INTRAOP_THREADS={fixture_store.RECORDED_TF_THREADS}", file=sys.stderr)
+        return 2
     print(f"TensorFlow {tf.__version__}, oneDNN opts off")
     families = argv or list(FAMILIES)
     used: set[str] = set()

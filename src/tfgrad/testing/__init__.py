@@ -14,6 +14,9 @@ lists them. Family ``f`` has the module ``tfgrad.testing.cases.f``, which define
 - ``processor_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
   whose bits depend on the processor (the fixtures keep them per processor, and where
   none was recorded on this one the fixture tests compare them with TF live).
+- ``tf_threads_dependent(case, kwargs) -> set[str]`` (optional): the outputs of a case
+  whose bits depend on TF's intra-op thread count (the fixtures hold them for the count
+  they were recorded with; on another the fixture tests compare them with TF live).
 - ``LARGE`` (op name -> function returning keyword arguments): one larger input per op,
   big enough for the kernels' threads and reductions to split work (the determinism
   tests run it on 1 and 2 threads and in several memory layouts).
@@ -62,4 +65,13 @@ def processor_dependent(case: Any, kwargs: dict[str, Any]) -> set[str]:
     from .._opdefs import OPS
 
     declared = getattr(family(OPS[case.op].family), "processor_dependent", None)
+    return set(declared(case, kwargs)) if declared else set()
+
+
+def tf_threads_dependent(case: Any, kwargs: dict[str, Any]) -> set[str]:
+    """The outputs of ``case`` whose bits depend on TF's intra-op thread count, as its
+    family module declares them (none where it declares nothing)."""
+    from .._opdefs import OPS
+
+    declared = getattr(family(OPS[case.op].family), "tf_threads_dependent", None)
     return set(declared(case, kwargs)) if declared else set()

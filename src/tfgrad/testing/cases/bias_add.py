@@ -105,6 +105,12 @@ for _dt, _shape in ((F32, (3, 4)), (np.float64, (5,)), (np.float16, (2, 3)), (F3
 CASES: list[Case] = _CASES
 
 
+def tf_threads_dependent(case: Case, kwargs: dict[str, Any]) -> set[str]:
+    """BiasAddGrad's sums: TF cuts them in blocks by its intra-op thread count
+    (docs/bias_add.md; [4, 64, 33] NCHW differs between 2 and 4 threads)."""
+    return {"output"} if case.op == "BiasAddGrad" else set()
+
+
 # --------------------------------------------------------------------------------------
 # Errors (TF's words, checked live)
 # --------------------------------------------------------------------------------------
