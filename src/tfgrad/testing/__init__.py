@@ -59,19 +59,20 @@ def load(families: list[str] | tuple[str, ...] | None = None,
     return modules, problems
 
 
+def _declared(name: str, case: Any, kwargs: dict[str, Any]) -> set[str]:
+    from .._opdefs import OPS
+
+    declared = getattr(family(OPS[case.op].family), name, None)
+    return set(declared(case, kwargs)) if declared else set()
+
+
 def processor_dependent(case: Any, kwargs: dict[str, Any]) -> set[str]:
     """The outputs of ``case`` (called with ``kwargs``) whose bits depend on the processor,
     as its family module declares them (none where it declares nothing)."""
-    from .._opdefs import OPS
-
-    declared = getattr(family(OPS[case.op].family), "processor_dependent", None)
-    return set(declared(case, kwargs)) if declared else set()
+    return _declared("processor_dependent", case, kwargs)
 
 
 def tf_threads_dependent(case: Any, kwargs: dict[str, Any]) -> set[str]:
     """The outputs of ``case`` whose bits depend on TF's intra-op thread count, as its
     family module declares them (none where it declares nothing)."""
-    from .._opdefs import OPS
-
-    declared = getattr(family(OPS[case.op].family), "tf_threads_dependent", None)
-    return set(declared(case, kwargs)) if declared else set()
+    return _declared("tf_threads_dependent", case, kwargs)
