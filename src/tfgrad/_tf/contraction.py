@@ -337,7 +337,10 @@ def combine_tail(m: int, n: int, rows: tuple[int, int] | None = None) -> np.ndar
     total = period * n
     start = total - total % PACKET
     g = (first + np.arange(m, dtype=np.int64)) % period
-    return np.flatnonzero(g[:, None] * n + np.arange(n, dtype=np.int64) >= start)
+    r = np.flatnonzero((g + 1) * n > start)  # the rows holding one (< 8 per contraction)
+    cols = np.arange(n, dtype=np.int64)
+    hit = g[r, None] * n + cols >= start
+    return (r[:, None] * n + cols)[hit]
 
 
 def combine(bufs: list[np.ndarray], tail: np.ndarray | None = None) -> np.ndarray:
