@@ -3,19 +3,20 @@
 Cells arrive as start/end (inclusive, clamped) index arrays that ``tfgrad.ops.
 fractional_pool`` has validated: every index a kernel touches lies inside its arrays.
 Each output element is owned by exactly one loop iteration and is computed in TF's order,
-so the results do not depend on the thread count. Each parallel loop body runs with TF's
-FTZ / DAZ (``ftz_enter`` / ``ftz_exit``, see ``tfgrad._tf.fpenv``); the op sets them on the
-calling thread. The threaded kernels are ``tfgrad._compile.Twins``, run by
-``tfgrad.dispatch.fractional_pool``.
+so the results do not depend on the thread count. The threaded kernels take their tasks
+in chunks (``tfgrad.kernels._pool``: one compiled function for any thread count, where a
+``prange`` kernel compiled a parallel and a serial twin, the parallel one several times
+slower to compile); they run with TF's FTZ / DAZ, which the op sets on the calling thread
+and the pool's threads keep for good (``tfgrad._tf.fpenv``). ``tfgrad.dispatch.
+fractional_pool`` runs them.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from .._compile import Twins, inline, jit
-from .._tf.mxcsr import ftz_enter, ftz_exit
+from .._compile import inline, jit
+from ._pool import claim
 from ._simd import (
     flush_denormal,
     nlanes,
@@ -65,8 +66,8 @@ def philox(c0, c1, c2, c3, k0, k1, blocks, out):  # pragma: no cover - compiled
                     c3 = (c3 + np.uint64(1)) & m
 
 
-@Twins
-def max_pool_int(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def max_pool_int(x, rs, re, cs, ce, lowest, out, ctl, size, ntasks):  # pragma: no cover
     """Integer T: out[b,i,j,:] = max over cell (i, j), starting at ``lowest``.
 
     Flat unsigned offsets: no negative-index fix-ups, so the depth loop vectorises."""
@@ -74,53 +75,53 @@ def max_pool_int(x, rs, re, cs, ce, lowest, out):  # pragma: no cover - compiled
     mr, mc = rs.size, cs.size
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
-    for t in prange(n * mr):
-        fz = ftz_enter()
-        b = t // mr
-        i = t - b * mr
-        for j in range(mc):
-            ob = np.uint64((t * mc + j) * D)
-            for d in range(ud):
-                of[ob + d] = lowest
-            for h in range(rs[i], re[i] + 1):
-                for w in range(cs[j], ce[j] + 1):
-                    xb = np.uint64(((b * H + h) * W + w) * D)
-                    for d in range(ud):
-                        v = xf[xb + d]
-                        a = of[ob + d]
-                        of[ob + d] = v if a < v else a
-        ftz_exit(fz)
+    cur = np.zeros(2, np.int64)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            b = t // mr
+            i = t - b * mr
+            for j in range(mc):
+                ob = np.uint64((t * mc + j) * D)
+                for d in range(ud):
+                    of[ob + d] = lowest
+                for h in range(rs[i], re[i] + 1):
+                    for w in range(cs[j], ce[j] + 1):
+                        xb = np.uint64(((b * H + h) * W + w) * D)
+                        for d in range(ud):
+                            v = xf[xb + d]
+                            a = of[ob + d]
+                            of[ob + d] = v if a < v else a
 
 
-@Twins
-def avg_pool_int(x, rs, re, cs, ce, counts, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def avg_pool_int(x, rs, re, cs, ce, counts, out, ctl, size, ntasks):  # pragma: no cover
     """Integer T: out[b,i,j,:] = (sum in T over cell, row-major, wrapping) / count,
     truncated toward zero."""
     n, H, W, D = x.shape
     mr, mc = rs.size, cs.size
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
-    for t in prange(n * mr):
-        fz = ftz_enter()
-        b = t // mr
-        i = t - b * mr
-        for j in range(mc):
-            ob = np.uint64((t * mc + j) * D)
-            for d in range(ud):
-                of[ob + d] = 0
-            for h in range(rs[i], re[i] + 1):
-                for w in range(cs[j], ce[j] + 1):
-                    xb = np.uint64(((b * H + h) * W + w) * D)
-                    for d in range(ud):
-                        of[ob + d] = of[ob + d] + xf[xb + d]
-            count = counts[i, j]
-            for d in range(ud):
-                s = of[ob + d]
-                q = s // count
-                if s < 0 and q * count != s:
-                    q += 1
-                of[ob + d] = q
-        ftz_exit(fz)
+    cur = np.zeros(2, np.int64)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            b = t // mr
+            i = t - b * mr
+            for j in range(mc):
+                ob = np.uint64((t * mc + j) * D)
+                for d in range(ud):
+                    of[ob + d] = 0
+                for h in range(rs[i], re[i] + 1):
+                    for w in range(cs[j], ce[j] + 1):
+                        xb = np.uint64(((b * H + h) * W + w) * D)
+                        for d in range(ud):
+                            of[ob + d] = of[ob + d] + xf[xb + d]
+                count = counts[i, j]
+                for d in range(ud):
+                    s = of[ob + d]
+                    q = s // count
+                    if s < 0 and q * count != s:
+                        q += 1
+                    of[ob + d] = q
 
 
 @inline
@@ -145,7 +146,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     time. The max is order-independent (a NaN never wins, the earlier of -0/+0 stays)
     and every sum keeps TF's row-major order, so any blocking gives TF's bits."""
 
-    def kernel(x, rs, re, cs, ce, lowest, counts, out):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    def kernel(x, rs, re, cs, ce, lowest, counts, out, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
         """``lowest`` starts every maximum or sum: T's lowest or +0."""
         n, H, W, D = x.shape
         mr, mc = rs.size, cs.size
@@ -154,78 +155,78 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
         D8 = D - D % (8 * L)
         D1 = D - D % L
         WD = W * D
-        for t in prange(n * mr):
-            fz = ftz_enter()
-            b = t // mr
-            i = t - b * mr
-            nh = re[i] - rs[i] + 1
-            row0 = (b * H + rs[i]) * WD
-            for j in range(mc):
-                o = (t * mc + j) * D
-                nw = ce[j] - cs[j] + 1
-                k0 = row0 + cs[j] * D
-                cnt = vfull(xf, counts[i, j])
-                init = vfull(xf, lowest)
-                if stream and i + 1 < mr:
-                    for h in range(re[i] + 1, re[i + 1] + 1):
-                        k = (b * H + h) * WD + cs[j] * D
-                        for q in range(0, nw * D, L):
-                            prefetch(xf, k + q)
-                for d in range(0, D8, 8 * L):
-                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = init
-                    kr = k0 + d
-                    for _ in range(nh):
-                        k = kr
-                        for _ in range(nw):
-                            a0 = _acc(a0, vload(xf, k), is_max)
-                            a1 = _acc(a1, vload(xf, k + L), is_max)
-                            a2 = _acc(a2, vload(xf, k + 2 * L), is_max)
-                            a3 = _acc(a3, vload(xf, k + 3 * L), is_max)
-                            a4 = _acc(a4, vload(xf, k + 4 * L), is_max)
-                            a5 = _acc(a5, vload(xf, k + 5 * L), is_max)
-                            a6 = _acc(a6, vload(xf, k + 6 * L), is_max)
-                            a7 = _acc(a7, vload(xf, k + 7 * L), is_max)
-                            k += D
-                        kr += WD
-                    a0, a1 = _fin(a0, cnt, is_max), _fin(a1, cnt, is_max)
-                    a2, a3 = _fin(a2, cnt, is_max), _fin(a3, cnt, is_max)
-                    a4, a5 = _fin(a4, cnt, is_max), _fin(a5, cnt, is_max)
-                    a6, a7 = _fin(a6, cnt, is_max), _fin(a7, cnt, is_max)
-                    vput(of, o + d, a0, stream)
-                    vput(of, o + d + L, a1, stream)
-                    vput(of, o + d + 2 * L, a2, stream)
-                    vput(of, o + d + 3 * L, a3, stream)
-                    vput(of, o + d + 4 * L, a4, stream)
-                    vput(of, o + d + 5 * L, a5, stream)
-                    vput(of, o + d + 6 * L, a6, stream)
-                    vput(of, o + d + 7 * L, a7, stream)
-                for d in range(D8, D1, L):
-                    a0 = init
-                    kr = k0 + d
-                    for _ in range(nh):
-                        k = kr
-                        for _ in range(nw):
-                            a0 = _acc(a0, vload(xf, k), is_max)
-                            k += D
-                        kr += WD
-                    vput(of, o + d, _fin(a0, cnt, is_max), stream)
-                for d in range(D1, D):
-                    s = lowest
-                    kr = k0 + d
-                    for _ in range(nh):
-                        k = kr
-                        for _ in range(nw):
-                            v = xf[k]
-                            if is_max:
-                                s = v if s < v else s
-                            else:
-                                s = s + v
-                            k += D
-                        kr += WD
-                    of[o + d] = flush_denormal(s) if is_max else s / counts[i, j]
-            ftz_exit(fz)
+        cur = np.zeros(2, np.int64)
+        while claim(ctl, size, ntasks, cur):
+            for t in range(cur[0], cur[1]):
+                b = t // mr
+                i = t - b * mr
+                nh = re[i] - rs[i] + 1
+                row0 = (b * H + rs[i]) * WD
+                for j in range(mc):
+                    o = (t * mc + j) * D
+                    nw = ce[j] - cs[j] + 1
+                    k0 = row0 + cs[j] * D
+                    cnt = vfull(xf, counts[i, j])
+                    init = vfull(xf, lowest)
+                    if stream and i + 1 < mr:
+                        for h in range(re[i] + 1, re[i + 1] + 1):
+                            k = (b * H + h) * WD + cs[j] * D
+                            for q in range(0, nw * D, L):
+                                prefetch(xf, k + q)
+                    for d in range(0, D8, 8 * L):
+                        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = init
+                        kr = k0 + d
+                        for _ in range(nh):
+                            k = kr
+                            for _ in range(nw):
+                                a0 = _acc(a0, vload(xf, k), is_max)
+                                a1 = _acc(a1, vload(xf, k + L), is_max)
+                                a2 = _acc(a2, vload(xf, k + 2 * L), is_max)
+                                a3 = _acc(a3, vload(xf, k + 3 * L), is_max)
+                                a4 = _acc(a4, vload(xf, k + 4 * L), is_max)
+                                a5 = _acc(a5, vload(xf, k + 5 * L), is_max)
+                                a6 = _acc(a6, vload(xf, k + 6 * L), is_max)
+                                a7 = _acc(a7, vload(xf, k + 7 * L), is_max)
+                                k += D
+                            kr += WD
+                        a0, a1 = _fin(a0, cnt, is_max), _fin(a1, cnt, is_max)
+                        a2, a3 = _fin(a2, cnt, is_max), _fin(a3, cnt, is_max)
+                        a4, a5 = _fin(a4, cnt, is_max), _fin(a5, cnt, is_max)
+                        a6, a7 = _fin(a6, cnt, is_max), _fin(a7, cnt, is_max)
+                        vput(of, o + d, a0, stream)
+                        vput(of, o + d + L, a1, stream)
+                        vput(of, o + d + 2 * L, a2, stream)
+                        vput(of, o + d + 3 * L, a3, stream)
+                        vput(of, o + d + 4 * L, a4, stream)
+                        vput(of, o + d + 5 * L, a5, stream)
+                        vput(of, o + d + 6 * L, a6, stream)
+                        vput(of, o + d + 7 * L, a7, stream)
+                    for d in range(D8, D1, L):
+                        a0 = init
+                        kr = k0 + d
+                        for _ in range(nh):
+                            k = kr
+                            for _ in range(nw):
+                                a0 = _acc(a0, vload(xf, k), is_max)
+                                k += D
+                            kr += WD
+                        vput(of, o + d, _fin(a0, cnt, is_max), stream)
+                    for d in range(D1, D):
+                        s = lowest
+                        kr = k0 + d
+                        for _ in range(nh):
+                            k = kr
+                            for _ in range(nw):
+                                v = xf[k]
+                                if is_max:
+                                    s = v if s < v else s
+                                else:
+                                    s = s + v
+                                k += D
+                            kr += WD
+                        of[o + d] = flush_denormal(s) if is_max else s / counts[i, j]
 
-    return Twins(kernel)
+    return jit(nogil=True)(kernel)
 
 
 POOL_VEC = {(m, st): _make_pool_vec(m, st) for m in (False, True) for st in (False, True)}
@@ -251,87 +252,103 @@ def _to_t(a, is_int, lo):  # pragma: no cover - compiled
     return a
 
 
-@Twins
-def avg_pool_grad(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-                   is_int, lo, out):  # pragma: no cover - compiled
-    """Tasks are (batch, row cell r); task r writes the input rows whose last covering
-    cell is r. An input element sums, in double from +0.0 and in output row-major
-    order, the shares of the cells containing it (at most 2 x 2: the sequences are
-    strictly increasing), then rounds to T once. Shares are computed once per task and
-    output row (rows r-1 and r), not per input element, and not into a full-size buffer."""
-    n, mr, mc, depth = g.shape
-    w_in = out.shape[2]
-    for t in prange(n * mr):
-        fz = ftz_enter()
-        b = t // mr
-        r = t - b * mr
+def _make_avg_pool_grad(is_int: bool):  # type: ignore[no-untyped-def]
+    """The average pooling's gradient for float (``is_int`` False) or integer T: a
+    compile-time flag, as a run-time one kept the float loops from vectorising as well
+    (1.35x slower)."""
+
+    def kernel(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
+               lo, out, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover
+        """Tasks are (batch, row cell r); task r writes the input rows whose last covering
+        cell is r. An input element sums, in double from +0.0 and in output row-major
+        order, the shares of the cells containing it (at most 2 x 2: the sequences are
+        strictly increasing), then rounds to T once. Shares are computed once per task and
+        output row (rows r-1 and r), not per input element, and not into a full-size buffer."""
+        n, mr, mc, depth = g.shape
+        h_in, w_in = out.shape[1], out.shape[2]
         q = np.empty((2, mc, depth), np.float64)  # slot 0: row r-1, slot 1: row r
-        _shares(g, b, r, rs, re, cs, ce, q[1])
-        have_prev = False
-        for h in range(own_lo[r], own_hi[r] + 1):
-            r0, r1 = r_first[h], r_last[h]
-            if r0 < r and r0 <= r1 and not have_prev:  # boundary row shared with r-1
-                _shares(g, b, r - 1, rs, re, cs, ce, q[0])
-                have_prev = True
-            s0 = r0 - r + 1
-            for w in range(w_in):
-                c0, c1 = c_first[w], c_last[w]
-                if r1 < r0 or c1 < c0:  # outside every cell
-                    for d in range(depth):
-                        out[b, h, w, d] = 0
-                elif r0 == r1 and c0 == c1:
-                    for d in range(depth):
-                        out[b, h, w, d] = _to_t(0.0 + q[s0, c0, d], is_int, lo)
-                elif r0 == r1:
-                    for d in range(depth):
-                        a = (0.0 + q[s0, c0, d]) + q[s0, c1, d]
-                        out[b, h, w, d] = _to_t(a, is_int, lo)
-                elif c0 == c1:
-                    for d in range(depth):
-                        a = (0.0 + q[s0, c0, d]) + q[s0 + 1, c0, d]
-                        out[b, h, w, d] = _to_t(a, is_int, lo)
-                else:
-                    for d in range(depth):
-                        a = (((0.0 + q[s0, c0, d]) + q[s0, c1, d]) + q[s0 + 1, c0, d]) \
-                            + q[s0 + 1, c1, d]
-                        out[b, h, w, d] = _to_t(a, is_int, lo)
-        ftz_exit(fz)
+        # flat unsigned offsets: no negative-index fix-ups, so the depth loops vectorise
+        of, qf, ud = out.reshape(-1), q.reshape(-1), np.uint64(depth)
+        cur = np.zeros(2, np.int64)
+        while claim(ctl, size, ntasks, cur):
+            for t in range(cur[0], cur[1]):
+                b = t // mr
+                r = t - b * mr
+                _shares(g, b, r, rs, re, cs, ce, q[1])
+                have_prev = False
+                for h in range(own_lo[r], own_hi[r] + 1):
+                    r0, r1 = r_first[h], r_last[h]
+                    if r0 < r and r0 <= r1 and not have_prev:  # boundary row shared with r-1
+                        _shares(g, b, r - 1, rs, re, cs, ce, q[0])
+                        have_prev = True
+                    s0 = r0 - r + 1
+                    for w in range(w_in):
+                        c0, c1 = c_first[w], c_last[w]
+                        o = np.uint64(((b * h_in + h) * w_in + w) * depth)
+                        if r1 < r0 or c1 < c0:  # outside every cell
+                            for d in range(ud):
+                                of[o + d] = 0
+                            continue
+                        p00 = np.uint64((s0 * mc + c0) * depth)
+                        p01 = np.uint64((s0 * mc + c1) * depth)
+                        p10 = np.uint64(((s0 + 1) * mc + c0) * depth)
+                        p11 = np.uint64(((s0 + 1) * mc + c1) * depth)
+                        if r0 == r1 and c0 == c1:
+                            for d in range(ud):
+                                of[o + d] = _to_t(0.0 + qf[p00 + d], is_int, lo)
+                        elif r0 == r1:
+                            for d in range(ud):
+                                a = (0.0 + qf[p00 + d]) + qf[p01 + d]
+                                of[o + d] = _to_t(a, is_int, lo)
+                        elif c0 == c1:
+                            for d in range(ud):
+                                a = (0.0 + qf[p00 + d]) + qf[p10 + d]
+                                of[o + d] = _to_t(a, is_int, lo)
+                        else:
+                            for d in range(ud):
+                                a = (((0.0 + qf[p00 + d]) + qf[p01 + d]) + qf[p10 + d]) \
+                                    + qf[p11 + d]
+                                of[o + d] = _to_t(a, is_int, lo)
+
+    return jit(nogil=True)(kernel)
 
 
-@Twins
-def max_pool_argmax(x, y, rs, re, cs, ce, arg):  # pragma: no cover - compiled
+AVG_POOL_GRAD = {i: _make_avg_pool_grad(i) for i in (False, True)}
+"""The average pooling's gradient by integer T."""
+
+
+@jit(nogil=True)
+def max_pool_argmax(x, y, rs, re, cs, ce, arg, bad, ctl, size, ntasks):  # pragma: no cover
     """arg[b,r,c,d] = row-major position in cell (r, c) of its first maximum, replaying
     TF's scan (best = first element; best = v if best < v). False if a replayed maximum
     differs from y (TF's tensor_out_dup check)."""
-    n, depth = x.shape[0], x.shape[3]
+    depth = x.shape[3]
     mr, mc = rs.size, cs.size
-    bad = np.zeros(n * mr, np.bool_)
-    for t in prange(n * mr):
-        fz = ftz_enter()
-        b = t // mr
-        r = t - b * mr
-        best = np.empty(depth, x.dtype)
-        code = np.empty(depth, np.int32)
-        for c in range(mc):
-            h0, w0 = rs[r], cs[c]
-            for d in range(depth):
-                best[d] = x[b, h0, w0, d]
-                code[d] = 0
-            k = 0
-            for h in range(h0, re[r] + 1):
-                for w in range(w0, ce[c] + 1):
-                    for d in range(depth):
-                        v = x[b, h, w, d]
-                        better = best[d] < v  # ties keep the first maximum; NaN never wins
-                        best[d] = v if better else best[d]
-                        code[d] = k if better else code[d]
-                    k += 1
-            for d in range(depth):
-                if best[d] != y[b, r, c, d]:
-                    bad[t] = True
-                arg[b, r, c, d] = code[d]
-        ftz_exit(fz)
-    return not bad.any()
+    best = np.empty(depth, x.dtype)
+    code = np.empty(depth, np.int32)
+    cur = np.zeros(2, np.int64)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            b = t // mr
+            r = t - b * mr
+            for c in range(mc):
+                h0, w0 = rs[r], cs[c]
+                for d in range(depth):
+                    best[d] = x[b, h0, w0, d]
+                    code[d] = 0
+                k = 0
+                for h in range(h0, re[r] + 1):
+                    for w in range(w0, ce[c] + 1):
+                        for d in range(depth):
+                            v = x[b, h, w, d]
+                            better = best[d] < v  # ties keep the first maximum; NaN never wins
+                            best[d] = v if better else best[d]
+                            code[d] = k if better else code[d]
+                        k += 1
+                for d in range(depth):
+                    if best[d] != y[b, r, c, d]:
+                        bad[t] = True
+                    arg[b, r, c, d] = code[d]
 
 
 @inline
@@ -339,9 +356,9 @@ def _pick(g, arg, b, r, c, d, k, none):  # pragma: no cover - compiled
     return g[b, r, c, d] if arg[b, r, c, d] == k else none
 
 
-@Twins
+@jit(nogil=True)
 def max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-                   zero, out):  # pragma: no cover - compiled
+                   zero, out, ctl, size, ntasks):  # pragma: no cover - compiled
     """Each input element gathers, in T from zero and in output row-major order, the g of
     the (at most 2 x 2) cells whose argmax it is: the sums TF's scatter makes, without
     races. The other cells add -0 (``none``), which changes no sum, not even a sum
@@ -349,41 +366,41 @@ def max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, 
     n, mr, mc, depth = g.shape
     w_in = out.shape[2]
     none = -zero
-    for t in prange(n * mr):
-        fz = ftz_enter()
-        b = t // mr
-        r = t - b * mr
-        for h in range(own_lo[r], own_hi[r] + 1):
-            r0, r1 = r_first[h], r_last[h]
-            for w in range(w_in):
-                c0, c1 = c_first[w], c_last[w]
-                if r1 < r0 or c1 < c0:  # outside every cell
-                    for d in range(depth):
-                        out[b, h, w, d] = zero
-                    continue
-                # position of (h, w) in each covering cell, row-major
-                k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
-                k01 = (h - rs[r0]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
-                k10 = (h - rs[r1]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
-                k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
-                if r0 == r1 and c0 == c1:
-                    for d in range(depth):
-                        out[b, h, w, d] = zero + _pick(g, arg, b, r0, c0, d, k00, none)
-                elif r0 == r1:
-                    for d in range(depth):
-                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
-                            + _pick(g, arg, b, r0, c1, d, k01, none)
-                elif c0 == c1:
-                    for d in range(depth):
-                        out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
-                            + _pick(g, arg, b, r1, c0, d, k10, none)
-                else:
-                    for d in range(depth):
-                        v = zero + _pick(g, arg, b, r0, c0, d, k00, none)
-                        v = v + _pick(g, arg, b, r0, c1, d, k01, none)
-                        v = v + _pick(g, arg, b, r1, c0, d, k10, none)
-                        out[b, h, w, d] = v + _pick(g, arg, b, r1, c1, d, k11, none)
-        ftz_exit(fz)
+    cur = np.zeros(2, np.int64)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
+            b = t // mr
+            r = t - b * mr
+            for h in range(own_lo[r], own_hi[r] + 1):
+                r0, r1 = r_first[h], r_last[h]
+                for w in range(w_in):
+                    c0, c1 = c_first[w], c_last[w]
+                    if r1 < r0 or c1 < c0:  # outside every cell
+                        for d in range(depth):
+                            out[b, h, w, d] = zero
+                        continue
+                    # position of (h, w) in each covering cell, row-major
+                    k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                    k01 = (h - rs[r0]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                    k10 = (h - rs[r1]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                    k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                    if r0 == r1 and c0 == c1:
+                        for d in range(depth):
+                            out[b, h, w, d] = zero + _pick(g, arg, b, r0, c0, d, k00, none)
+                    elif r0 == r1:
+                        for d in range(depth):
+                            out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
+                                + _pick(g, arg, b, r0, c1, d, k01, none)
+                    elif c0 == c1:
+                        for d in range(depth):
+                            out[b, h, w, d] = (zero + _pick(g, arg, b, r0, c0, d, k00, none)) \
+                                + _pick(g, arg, b, r1, c0, d, k10, none)
+                    else:
+                        for d in range(depth):
+                            v = zero + _pick(g, arg, b, r0, c0, d, k00, none)
+                            v = v + _pick(g, arg, b, r0, c1, d, k01, none)
+                            v = v + _pick(g, arg, b, r1, c0, d, k10, none)
+                            out[b, h, w, d] = v + _pick(g, arg, b, r1, c1, d, k11, none)
 
 
 ROWS_PER_TASK = 8
@@ -444,61 +461,62 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
     non-temporal stores and a prefetch of the next row cell's input lines."""
     def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-               out):  # type: ignore[no-untyped-def]  # pragma: no cover
+               out, bad, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover
         n, H, W, D = x.shape
         mr, mc = rs.size, cs.size
         xf, yf, gf, of = x.reshape(-1), y.reshape(-1), g.reshape(-1), out.reshape(-1)
         L = nlanes(xf)
         per = (mr + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-        bad = np.zeros(n * per, np.bool_)
-        for t in prange(n * per):
-            fz = ftz_enter()
-            b = t // per
-            r_lo = (t - b * per) * ROWS_PER_TASK
-            r_hi = min(r_lo + ROWS_PER_TASK, mr)
-            codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
-            if r_lo > 0 and r_first[own_lo[r_lo]] < r_lo:
-                _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
-                              (r_lo - 1) % 2 * mc * D, False)
-            zero = vzeros(gf)
-            none = vfull(gf, -0.0)  # the other cells add -0: no sum changes (max_pool_grad)
-            for r in range(r_lo, r_hi):
-                if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
-                                     r % 2 * mc * D, stream):
-                    bad[t] = True
-                for h in range(own_lo[r], own_hi[r] + 1):
-                    r0, r1 = r_first[h], r_last[h]
-                    s0, s1 = r0 % 2 * mc * D, r1 % 2 * mc * D
-                    for w in range(W):
-                        c0, c1 = c_first[w], c_last[w]
-                        o = ((b * H + h) * W + w) * D
-                        if r1 < r0 or c1 < c0:  # outside every cell
+        codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
+        cur = np.zeros(2, np.int64)
+        while claim(ctl, size, ntasks, cur):
+            for t in range(cur[0], cur[1]):
+                b = t // per
+                r_lo = (t - b * per) * ROWS_PER_TASK
+                r_hi = min(r_lo + ROWS_PER_TASK, mr)
+                if r_lo > 0 and r_first[own_lo[r_lo]] < r_lo:
+                    _argmax_codes(xf, yf, b, r_lo - 1, H, W, D, L, rs, re, cs, ce, codes,
+                                  (r_lo - 1) % 2 * mc * D, False)
+                zero = vzeros(gf)
+                none = vfull(gf, -0.0)  # the other cells add -0: no sum changes (max_pool_grad)
+                for r in range(r_lo, r_hi):
+                    if not _argmax_codes(xf, yf, b, r, H, W, D, L, rs, re, cs, ce, codes,
+                                         r % 2 * mc * D, stream):
+                        bad[t] = True
+                    for h in range(own_lo[r], own_hi[r] + 1):
+                        r0, r1 = r_first[h], r_last[h]
+                        s0, s1 = r0 % 2 * mc * D, r1 % 2 * mc * D
+                        for w in range(W):
+                            c0, c1 = c_first[w], c_last[w]
+                            o = ((b * H + h) * W + w) * D
+                            if r1 < r0 or c1 < c0:  # outside every cell
+                                for d in range(0, D, L):
+                                    vput(of, o + d, zero, stream)
+                                continue
+                            # position of (h, w) in each covering cell, row-major
+                            k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                            k01 = (h - rs[r0]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                            k10 = (h - rs[r1]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
+                            k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
+                            g00 = ((b * mr + r0) * mc + c0) * D
+                            g01 = ((b * mr + r0) * mc + c1) * D
+                            g10 = ((b * mr + r1) * mc + c0) * D
+                            g11 = ((b * mr + r1) * mc + c1) * D
                             for d in range(0, D, L):
-                                vput(of, o + d, zero, stream)
-                            continue
-                        # position of (h, w) in each covering cell, row-major
-                        k00 = (h - rs[r0]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
-                        k01 = (h - rs[r0]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
-                        k10 = (h - rs[r1]) * (ce[c0] - cs[c0] + 1) + (w - cs[c0])
-                        k11 = (h - rs[r1]) * (ce[c1] - cs[c1] + 1) + (w - cs[c1])
-                        g00 = ((b * mr + r0) * mc + c0) * D
-                        g01 = ((b * mr + r0) * mc + c1) * D
-                        g10 = ((b * mr + r1) * mc + c0) * D
-                        g11 = ((b * mr + r1) * mc + c1) * D
-                        for d in range(0, D, L):
-                            v = vadd(zero, _vpick(codes, s0, c0 * D + d, k00, gf, g00 + d, none))
-                            if c1 != c0:
-                                v = vadd(v, _vpick(codes, s0, c1 * D + d, k01, gf, g01 + d, none))
-                            if r1 != r0:
-                                v = vadd(v, _vpick(codes, s1, c0 * D + d, k10, gf, g10 + d, none))
+                                v = vadd(zero, _vpick(codes, s0, c0 * D + d, k00, gf, g00 + d,
+                                                      none))
                                 if c1 != c0:
-                                    v = vadd(v, _vpick(codes, s1, c1 * D + d, k11, gf, g11 + d,
-                                                     none))
-                            vput(of, o + d, v, stream)
-            ftz_exit(fz)
-        return not bad.any()
+                                    v = vadd(v, _vpick(codes, s0, c1 * D + d, k01, gf,
+                                                       g01 + d, none))
+                                if r1 != r0:
+                                    v = vadd(v, _vpick(codes, s1, c0 * D + d, k10, gf,
+                                                       g10 + d, none))
+                                    if c1 != c0:
+                                        v = vadd(v, _vpick(codes, s1, c1 * D + d, k11, gf,
+                                                           g11 + d, none))
+                                vput(of, o + d, v, stream)
 
-    return Twins(kernel)
+    return jit(nogil=True)(kernel)
 
 
 MAX_GRAD_VEC = {st: _make_max_grad_vec(st) for st in (False, True)}
