@@ -116,7 +116,8 @@ POLICY: dict[str, Threading] = {
     "conv2d": Threading(1 << 18),
     # </conv2d>
     # <reduction>
-    # each output summed by one thread; tasks are row / column blocks or shards
+    # each output summed by one thread; tasks are row / column blocks or shards (tfgrad's
+    # pool: kernels._pool.launch)
     "reduction": Threading(1 << 16),
     # </reduction>
     # <softmax_xent>
@@ -138,9 +139,9 @@ POLICY: dict[str, Threading] = {
     # </cwise>
     # <avg_pool>
     # window additions (input cells read + output cells times window cells); one task per
-    # (image, row) of the output or of dx, 4 at a time: under load a descheduled thread
-    # holds the others up less (medians 5-25% better than the static split, measured)
-    "avg_pool": Threading(1 << 16, chunk=4),
+    # (image, row) of the output or of dx, claimed in chunks from tfgrad's pool
+    # (kernels._pool.launch): under load a descheduled thread holds the others up less
+    "avg_pool": Threading(1 << 16),
     # </avg_pool>
 }
 """Each family's threading, by the family's name (``OpDef.family``)."""

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .._compile import launch
 from ..kernels import avg_pool as k
+from ..kernels._pool import launch
 from ..kernels._simd import aligned_empty
 
 _FAMILY = "avg_pool"

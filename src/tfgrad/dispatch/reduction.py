@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .._compile import launch
 from .._tf.eigen import shards
 from ..kernels import reduction as k
+from ..kernels._pool import launch, serial
 
 F32 = np.float32
 _FAMILY = "reduction"
@@ -65,7 +65,7 @@ def _full(v: np.ndarray, count: int) -> np.ndarray:
     n = v.size
     if count <= 1:  # one tree over the whole input, on this thread
         out = np.empty(1, F32)
-        k.row_sums.serial(v, n, out)
+        serial(k.row_sums, v, n, out)
         return out
     firsts, lengths, rest = _shard_plan(n, count)
     parts = np.empty(firsts.size, F32)

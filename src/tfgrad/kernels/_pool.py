@@ -1,4 +1,9 @@
-"""Threads for kernels that take their tasks in chunks (the depthwise kernels).
+"""Threads for kernels that take their tasks in chunks (depthwise convolution, fractional
+pooling, reduction, average pooling).
+
+``launch(family, kernel, work, *args, units=...)`` runs a kernel whose task loop starts
+with ``tasks`` (it publishes its task count): ``tfgrad._compile.launch``'s counterpart for
+``Twins``, one compiled function for any thread count.
 
 ``run(kernel, ntasks, threads, *args)`` calls ``kernel(*args, ctl, size, ntasks)`` on
 the calling thread and on ``threads - 1`` pool threads at once. Each call takes chunks
@@ -36,7 +41,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .._compile import inline, jit
+from .._compile import POLICY, inline, jit, num_threads
 from .._config import X86
 from .._tf.fpenv import flush_this_thread
 
@@ -121,6 +126,22 @@ def claim(ctl, size, ntasks, cur):  # type: ignore[no-untyped-def]  # pragma: no
     return t0 < ntasks
 
 
+@inline
+def tasks(ctl, ntasks, nthreads):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Start a kernel run by :func:`launch`: publish its task count (every thread computes
+    the same) in ctl[2] for the caller's wait, and return the chunk size, 8 chunks a thread
+    (as :func:`run`). The task loop: ``size = tasks(ctl, n, nthreads); cur = np.zeros(2,
+    np.int64); while claim(ctl, size, n, cur): for t in range(cur[0], cur[1]): ...``."""
+    ctl[2] = ntasks
+    if nthreads <= 1:  # (this thread's own ctl, reused: start it again)
+        ctl[0] = 0
+        ctl[1] = 0
+        return max(1, ntasks)
+    if ntasks <= 1:
+        return 1
+    return -(-ntasks // min(ntasks, 8 * nthreads))
+
+
 @jit(nogil=True)
 def _spin(ctl, i, target, ticks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Spin while ctl[i] < target, for at most ``ticks`` of the cycle counter; whether
@@ -195,13 +216,17 @@ class _Pool:
             with self.cv:
                 self.cv.notify_all()
 
-    def run(self, fn: Callable[[], Any], ctl: np.ndarray, ntasks: int) -> None:
+    def run(self, fn: Callable[[], Any], ctl: np.ndarray, ntasks: int | None) -> None:
+        """fn() here and on the pool's threads; returns when ctl[1] reaches ntasks (None:
+        the count the kernel published in ctl[2], known once this thread's call is done)."""
         job = _Job(fn)
         with self.cv:
             self.job = job
             self.posted += 1
             self.cv.notify_all()
         fn()
+        if ntasks is None:
+            ntasks = int(ctl[2])
         if not _spin(ctl, 1, ntasks, self.wait_ticks):
             with self.cv:
                 while ctl[1] < ntasks and not job.errors:
@@ -251,3 +276,41 @@ def run(kernel, ntasks: int, threads: int, *args) -> None:  # type: ignore[no-un
         pool.run(lambda: kernel(*args, ctl, size, ntasks), ctl, ntasks)
     finally:
         pool.busy.release()
+
+
+def launch(family: str, kernel, work: int, *args, units: int = 2) -> None:  # type: ignore[no-untyped-def]  # noqa: E501
+    """``kernel(*args, ctl, nthreads)``, a kernel whose task loop starts with :func:`tasks`,
+    on as many threads as ``tfgrad._compile.threads(family, work, units)`` gives (the
+    calling thread alone for a small call), all running one compiled function: the
+    task-pool counterpart of ``tfgrad._compile.launch`` and its parallel / serial twins."""
+    policy = POLICY[family]
+    if work < policy.parallel_min or units < 2 or (n := num_threads()) < 2:  # (threads())
+        kernel(*args, _own_ctl(), 1)
+        return
+    pool = _pool(n - 1)
+    if not pool.busy.acquire(blocking=False):  # another thread's op has the pool
+        kernel(*args, _own_ctl(), 1)
+        return
+    ctl = np.zeros(3, np.int64)
+    try:
+        pool.run(lambda: kernel(*args, ctl, n), ctl, None)
+    finally:
+        pool.busy.release()
+
+
+def serial(kernel, *args) -> None:  # type: ignore[no-untyped-def]
+    """``kernel(*args)`` (a :func:`launch` kernel) on the calling thread alone."""
+    kernel(*args, _own_ctl(), 1)
+
+
+_LOCAL = threading.local()
+
+
+def _own_ctl() -> np.ndarray:
+    """This thread's ctl for kernels it runs alone (``tasks`` zeroes it; a new array
+    per call cost a microsecond of a small op's time)."""
+    try:
+        return _LOCAL.ctl  # type: ignore[no-any-return]
+    except AttributeError:
+        _LOCAL.ctl = np.zeros(3, np.int64)
+        return _LOCAL.ctl  # type: ignore[no-any-return]

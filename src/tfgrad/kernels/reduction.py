@@ -13,16 +13,17 @@ depend on the thread count:
   for the outputs Eigen computes one by one (``packet`` says which).
 - ``zero_two_sums``: ``GenericDimReducer`` over [a, b, c] summed along a and c.
 
-The entry points are ``Twins`` run by ``tfgrad.dispatch.reduction``.
+The entry points are task-pool kernels (``tfgrad.kernels._pool.launch``: one compiled
+function for any thread count) run by ``tfgrad.dispatch.reduction``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from .._compile import Twins, inline
+from .._compile import inline, jit
 from .._tf.mxcsr import ftz_enter, ftz_exit
+from ._pool import claim, tasks
 from ._simd import aligned_scratch, vadd, vload, vload_part, vstore, vstore_part, vzeros
 
 F32 = np.float32
@@ -120,28 +121,36 @@ def _tree(v, first, n, acc, off=0):
     return vals[0]
 
 
-@Twins
-def tree_sums(v, firsts, lengths, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def tree_sums(v, firsts, lengths, out, ctl, nthreads):  # pragma: no cover - compiled
     """out[t] = Eigen's tree over v[firsts[t]:firsts[t] + lengths[t]]."""
     m = firsts.size
-    for blk in prange((m + _ROWS - 1) // _ROWS):
-        fz = ftz_enter()
-        acc = np.empty(32, F32)
-        for t in range(blk * _ROWS, min(m, (blk + 1) * _ROWS)):
-            out[t] = _tree(v, firsts[t], lengths[t], acc)
-        ftz_exit(fz)
+    ntask_ = (m + _ROWS - 1) // _ROWS
+    size_ = tasks(ctl, ntask_, nthreads)
+    cur_ = np.zeros(2, np.int64)
+    while claim(ctl, size_, ntask_, cur_):
+        for blk in range(cur_[0], cur_[1]):
+            fz = ftz_enter()
+            acc = np.empty(32, F32)
+            for t in range(blk * _ROWS, min(m, (blk + 1) * _ROWS)):
+                out[t] = _tree(v, firsts[t], lengths[t], acc)
+            ftz_exit(fz)
 
 
-@Twins
-def row_sums(v, c, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def row_sums(v, c, out, ctl, nthreads):  # pragma: no cover - compiled
     """Rows of c values of the flat v (an inner reduction): out[i] = tree of row i."""
     r = out.size
-    for blk in prange((r + _ROWS - 1) // _ROWS):
-        fz = ftz_enter()
-        acc = np.empty(32, F32)
-        for i in range(blk * _ROWS, min(r, (blk + 1) * _ROWS)):
-            out[i] = _tree(v, i * c, c, acc)
-        ftz_exit(fz)
+    ntask_ = (r + _ROWS - 1) // _ROWS
+    size_ = tasks(ctl, ntask_, nthreads)
+    cur_ = np.zeros(2, np.int64)
+    while claim(ctl, size_, ntask_, cur_):
+        for blk in range(cur_[0], cur_[1]):
+            fz = ftz_enter()
+            acc = np.empty(32, F32)
+            for i in range(blk * _ROWS, min(r, (blk + 1) * _ROWS)):
+                out[i] = _tree(v, i * c, c, acc)
+            ftz_exit(fz)
 
 
 @inline
@@ -263,8 +272,8 @@ def _put(arr, p, v, n):
         vstore_part(arr, p, v, n)
 
 
-@Twins
-def lane_sums(x, packet, all_packet, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def lane_sums(x, packet, all_packet, out, ctl, nthreads):  # pragma: no cover - compiled
     """x [a, b, c] summed along b into out [a * c]: where ``packet`` (per output; all of
     them when ``all_packet``), Eigen's InnerMostDimPreserver lanes (four accumulators over
     the rows j mod 4 below 4 * (b // 4), combined, then the other rows, when b >= 16);
@@ -281,66 +290,70 @@ def lane_sums(x, packet, all_packet, out):  # pragma: no cover - compiled
     ngroup = min(ntask, _GROUPS)
     b4 = (b // 4) * 4
     lanes_path = b >= 16
-    for g in prange(ngroup):
-        fz = ftz_enter()
-        acc = aligned_scratch(4 * _COLS, x)
-        lanes = aligned_scratch(_COLS, x)
-        seq = aligned_scratch(_COLS, x)
-        for task in range(g * ntask // ngroup, (g + 1) * ntask // ngroup):
-            i = task // nblk
-            k0 = (task % nblk) * _COLS
-            w = min(c, k0 + _COLS) - k0
-            o0 = i * c + k0  # the task's first output
-            p0 = i * b * c + k0  # row 0 of the task's columns
-            any_packet = all_packet
-            if not all_packet:
-                for k in range(w):
-                    any_packet |= packet[o0 + k]
-            direct = all_packet or not any_packet  # one kind of sum for every output
-            if lanes_path and any_packet:
-                for r0 in range(0, b4, _RB):
-                    rows = min(b4 - r0, _RB)
-                    k = 0
-                    while k + 64 <= w:
-                        _lanes64(xf, acc, p0 + r0 * c, c, rows, k, r0 == 0)
-                        k += 64
-                    while k < w:
-                        _lanes16(xf, acc, p0 + r0 * c, c, rows, k, min(_W, w - k), r0 == 0)
-                        k += _W
-                for k in range(0, w, _W):  # ((a0 + a1) + a2) + a3, then the rows past b4
-                    n = min(_W, w - k)
-                    v = vadd(vadd(vadd(vload(acc, k), vload(acc, _COLS + k)),
-                                  vload(acc, 2 * _COLS + k)), vload(acc, 3 * _COLS + k))
-                    for j in range(b4, b):
-                        v = vadd(v, _xload(xf, p0 + j * c + k, n))
+    ntask_ = ngroup
+    size_ = tasks(ctl, ntask_, nthreads)
+    cur_ = np.zeros(2, np.int64)
+    while claim(ctl, size_, ntask_, cur_):
+        for g in range(cur_[0], cur_[1]):
+            fz = ftz_enter()
+            acc = aligned_scratch(4 * _COLS, x)
+            lanes = aligned_scratch(_COLS, x)
+            seq = aligned_scratch(_COLS, x)
+            for task in range(g * ntask // ngroup, (g + 1) * ntask // ngroup):
+                i = task // nblk
+                k0 = (task % nblk) * _COLS
+                w = min(c, k0 + _COLS) - k0
+                o0 = i * c + k0  # the task's first output
+                p0 = i * b * c + k0  # row 0 of the task's columns
+                any_packet = all_packet
+                if not all_packet:
+                    for k in range(w):
+                        any_packet |= packet[o0 + k]
+                direct = all_packet or not any_packet  # one kind of sum for every output
+                if lanes_path and any_packet:
+                    for r0 in range(0, b4, _RB):
+                        rows = min(b4 - r0, _RB)
+                        k = 0
+                        while k + 64 <= w:
+                            _lanes64(xf, acc, p0 + r0 * c, c, rows, k, r0 == 0)
+                            k += 64
+                        while k < w:
+                            _lanes16(xf, acc, p0 + r0 * c, c, rows, k, min(_W, w - k), r0 == 0)
+                            k += _W
+                    for k in range(0, w, _W):  # ((a0 + a1) + a2) + a3, then the rows past b4
+                        n = min(_W, w - k)
+                        v = vadd(vadd(vadd(vload(acc, k), vload(acc, _COLS + k)),
+                                      vload(acc, 2 * _COLS + k)), vload(acc, 3 * _COLS + k))
+                        for j in range(b4, b):
+                            v = vadd(v, _xload(xf, p0 + j * c + k, n))
+                        if direct:
+                            _put(out, o0 + k, v, n)
+                        else:
+                            vstore(lanes, k, v)
                     if direct:
-                        _put(out, o0 + k, v, n)
-                    else:
-                        vstore(lanes, k, v)
-                if direct:
-                    continue
-            for k in range(0, w, _W):  # the sequential sums, for the vectors needing one
-                n = min(_W, w - k)
-                need = direct or not lanes_path
-                if not need:
-                    for q in range(n):
-                        need |= not packet[o0 + k + q]
-                if need:
-                    v = vzeros(seq)
-                    for j in range(b):
-                        v = vadd(v, _xload(xf, p0 + j * c + k, n))
-                    if direct or not lanes_path:
-                        _put(out, o0 + k, v, n)
-                    else:
-                        vstore(seq, k, v)
-            if not (direct or not lanes_path):
-                for k in range(w):
-                    out[o0 + k] = lanes[k] if packet[o0 + k] else seq[k]
-        ftz_exit(fz)
+                        continue
+                for k in range(0, w, _W):  # the sequential sums, for the vectors needing one
+                    n = min(_W, w - k)
+                    need = direct or not lanes_path
+                    if not need:
+                        for q in range(n):
+                            need |= not packet[o0 + k + q]
+                    if need:
+                        v = vzeros(seq)
+                        for j in range(b):
+                            v = vadd(v, _xload(xf, p0 + j * c + k, n))
+                        if direct or not lanes_path:
+                            _put(out, o0 + k, v, n)
+                        else:
+                            vstore(seq, k, v)
+                if not (direct or not lanes_path):
+                    for k in range(w):
+                        out[o0 + k] = lanes[k] if packet[o0 + k] else seq[k]
+            ftz_exit(fz)
 
 
-@Twins
-def lane_sums_rows(x, packet, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def lane_sums_rows(x, packet, out, ctl, nthreads):  # pragma: no cover - compiled
     """x [a, b, c] summed along b into out [a * c]: where ``packet`` (per output), Eigen's
     InnerMostDimPreserver lanes (four accumulators over the rows j mod 4 below
     4 * (b // 4), combined, then the other rows, when b >= 16); elsewhere the sequential
@@ -350,59 +363,67 @@ def lane_sums_rows(x, packet, out):  # pragma: no cover - compiled
     a, b, c = x.shape
     xf = x.reshape(-1)
     nblk = (c + _COLS - 1) // _COLS
-    for task in prange(a * nblk):
-        fz = ftz_enter()
-        i = task // nblk
-        k0 = (task % nblk) * _COLS
-        k1 = min(c, k0 + _COLS)
-        w = k1 - k0
-        uw = _U(w)
-        lanes = np.zeros(w, F32)
-        seq = np.zeros(w, F32)
-        any_packet = False
-        any_seq = False
-        for k in range(k0, k1):
-            if packet[i * c + k]:
-                any_packet = True
-            else:
+    ntask_ = a * nblk
+    size_ = tasks(ctl, ntask_, nthreads)
+    cur_ = np.zeros(2, np.int64)
+    while claim(ctl, size_, ntask_, cur_):
+        for task in range(cur_[0], cur_[1]):
+            fz = ftz_enter()
+            i = task // nblk
+            k0 = (task % nblk) * _COLS
+            k1 = min(c, k0 + _COLS)
+            w = k1 - k0
+            uw = _U(w)
+            lanes = np.zeros(w, F32)
+            seq = np.zeros(w, F32)
+            any_packet = False
+            any_seq = False
+            for k in range(k0, k1):
+                if packet[i * c + k]:
+                    any_packet = True
+                else:
+                    any_seq = True
+            if any_packet and b < 16:
                 any_seq = True
-        if any_packet and b < 16:
-            any_seq = True
-        if any_packet and b >= 16:
-            acc = np.zeros(4 * w, F32)
-            b4 = (b // 4) * 4
-            for j in range(0, b4, 4):
-                for q in range(4):
-                    base = _U((i * b + j + q) * c + k0)
-                    qb = _U(q * w)
+            if any_packet and b >= 16:
+                acc = np.zeros(4 * w, F32)
+                b4 = (b // 4) * 4
+                for j in range(0, b4, 4):
+                    for q in range(4):
+                        base = _U((i * b + j + q) * c + k0)
+                        qb = _U(q * w)
+                        for k in range(uw):
+                            acc[qb + k] += xf[base + k]
+                for k in range(uw):
+                    lanes[k] = ((acc[k] + acc[uw + k]) + acc[2 * uw + k]) + acc[3 * uw + k]
+                for j in range(b4, b):
+                    base = _U((i * b + j) * c + k0)
                     for k in range(uw):
-                        acc[qb + k] += xf[base + k]
-            for k in range(uw):
-                lanes[k] = ((acc[k] + acc[uw + k]) + acc[2 * uw + k]) + acc[3 * uw + k]
-            for j in range(b4, b):
-                base = _U((i * b + j) * c + k0)
-                for k in range(uw):
-                    lanes[k] += xf[base + k]
-        if any_seq:
-            for j in range(b):
-                base = _U((i * b + j) * c + k0)
-                for k in range(uw):
-                    seq[k] += xf[base + k]
-        for k in range(w):
-            o = i * c + k0 + k
-            out[o] = lanes[k] if (packet[o] and b >= 16) else seq[k]
-        ftz_exit(fz)
+                        lanes[k] += xf[base + k]
+            if any_seq:
+                for j in range(b):
+                    base = _U((i * b + j) * c + k0)
+                    for k in range(uw):
+                        seq[k] += xf[base + k]
+            for k in range(w):
+                o = i * c + k0 + k
+                out[o] = lanes[k] if (packet[o] and b >= 16) else seq[k]
+            ftz_exit(fz)
 
 
-@Twins
-def zero_two_sums(x, out):  # pragma: no cover - compiled
+@jit(nogil=True)
+def zero_two_sums(x, out, ctl, nthreads):  # pragma: no cover - compiled
     """x [a, b, c] summed along a and c into out [b]: for k in c, for i in a, from +0."""
     a, b, c = x.shape
-    for bb in prange(b):
-        fz = ftz_enter()
-        s = _ZERO
-        for k in range(c):
-            for i in range(a):
-                s += x[i, bb, k]
-        out[bb] = s
-        ftz_exit(fz)
+    ntask_ = b
+    size_ = tasks(ctl, ntask_, nthreads)
+    cur_ = np.zeros(2, np.int64)
+    while claim(ctl, size_, ntask_, cur_):
+        for bb in range(cur_[0], cur_[1]):
+            fz = ftz_enter()
+            s = _ZERO
+            for k in range(c):
+                for i in range(a):
+                    s += x[i, bb, k]
+            out[bb] = s
+            ftz_exit(fz)
