@@ -1,4 +1,5 @@
-"""tfgrad's task pool as ``kernels._pool.launch`` runs it (reduction, average pooling):
+"""tfgrad's task pool as ``kernels._pool.launch`` runs it (fractional pooling, reduction,
+average pooling):
 a kernel publishes its task count (``tasks``) and claims chunks of tasks, on the calling
 thread alone or with the pool's threads. Python kernels here: ``tasks`` and ``claim`` run
 as plain functions, and the chunks each call claims are recorded."""
@@ -18,8 +19,7 @@ def _kernel(seen: list[tuple[int, int]]):
     """Claims tasks [0, n) and records its chunks; "fail" raises in task 5."""
 
     def kernel(n, tag, ctl, nthreads):
-        size = _pool.tasks(ctl, n, nthreads)
-        cur = np.zeros(2, np.int64)
+        size, cur = _pool.tasks(ctl, n, nthreads)
         while _pool.claim(ctl, size, n, cur):
             seen.append((int(cur[0]), int(cur[1])))
             if tag == "fail" and cur[0] <= 5 < cur[1]:
@@ -68,6 +68,7 @@ def test_a_large_call_covers_every_task_once_on_the_pool(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_chunks_are_eight_a_thread(n, threads):
     ctl = np.zeros(3, np.int64)
-    size = _pool.tasks(ctl, n, threads)
+    size, cur = _pool.tasks(ctl, n, threads)
     assert ctl[2] == n
     assert size == (n if threads == 1 else -(-n // min(n, 8 * threads)))
+    assert list(cur) == [0, 0]

@@ -94,7 +94,7 @@ POLICY: dict[str, Threading] = {
     "fake_quant": Threading(1 << 15),
     # one iteration at a time: a thread that is descheduled holds the others up less
     "batch_norm": Threading(1 << 16, chunk=1),
-    # tfgrad's own pool (kernels._pool.run): one compiled kernel for any thread count
+    # tfgrad's own pool (kernels._pool.launch): one compiled kernel for any thread count
     "fractional_pool": Threading(1 << 16),
     # tfgrad's own pool (kernels._pool.run), whose threads claim chunks as they come free
     "depthwise_conv": Threading(1 << 20),

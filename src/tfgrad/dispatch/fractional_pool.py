@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .._compile import threads
 from ..kernels import fractional_pool as k
-from ..kernels._pool import run as pool_run
+from ..kernels._pool import launch
 from ..kernels._simd import STREAM_MIN_BYTES, stream_output
 
 _FAMILY = "fractional_pool"
@@ -30,12 +29,6 @@ def philox_blocks(counter: int, key: tuple[int, int], n: int) -> np.ndarray:
     lanes = [np.uint64((counter >> (32 * j)) & m) for j in range(4)]
     k.philox(*lanes, np.uint64(key[0]), np.uint64(key[1]), n, out)
     return out.astype(np.uint32).reshape(n, 4)
-
-
-def _run(kernel: Any, work: int, tasks: int, *args: Any) -> None:
-    """kernel(*args) over tasks [0, tasks) on the calling thread, and on the pool's
-    threads when the call is large for the family (``tfgrad._compile.threads``)."""
-    pool_run(kernel, tasks, threads(_FAMILY, work, tasks), *args)
 
 
 def _input(a: np.ndarray) -> np.ndarray:
@@ -75,13 +68,14 @@ def _pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr, is_max: bool, lowest:
     tasks = x.shape[0] * rs.size  # (batch, row cell)
     if x.dtype.kind == "f":
         out, stream = stream_output(shape, x.dtype, _STREAM_MIN_BYTES)
-        _run(k.POOL_VEC[is_max, stream], x.size, tasks, x, rs, re, cs, ce, lowest, counts, out)
+        launch(_FAMILY, k.POOL_VEC[is_max, stream], x.size, x, rs, re, cs, ce, lowest, counts,
+               out, units=tasks)
     elif is_max:
         out = np.empty(shape, x.dtype)
-        _run(k.max_pool_int, x.size, tasks, x, rs, re, cs, ce, lowest, out)
+        launch(_FAMILY, k.max_pool_int, x.size, x, rs, re, cs, ce, lowest, out, units=tasks)
     else:
         out = np.empty(shape, x.dtype)
-        _run(k.avg_pool_int, x.size, tasks, x, rs, re, cs, ce, counts, out)
+        launch(_FAMILY, k.avg_pool_int, x.size, x, rs, re, cs, ce, counts, out, units=tasks)
     return out
 
 
@@ -104,8 +98,8 @@ def avg_pool_grad(in_shape: tuple[int, ...], g: _Arr, rs: _Arr, re: _Arr, cs: _A
     c_first, c_last, _, _ = _covering(cs, ce, in_shape[2])
     # static_cast<T>(double) for ints: in range it truncates, outside x86 gives T's min.
     lo = -float(2 ** (8 * g.dtype.itemsize - 1)) if g.dtype.kind == "i" else 0.0
-    _run(k.AVG_POOL_GRAD[g.dtype.kind == "i"], out.size, g.shape[0] * rs.size, g, rs, re, cs,
-         ce, own_lo, own_hi, r_first, r_last, c_first, c_last, lo, out)
+    launch(_FAMILY, k.AVG_POOL_GRAD[g.dtype.kind == "i"], out.size, g, rs, re, cs, ce, own_lo,
+           own_hi, r_first, r_last, c_first, c_last, lo, out, units=g.shape[0] * rs.size)
     return out
 
 
@@ -122,17 +116,17 @@ def max_pool_grad(x: _Arr, y: _Arr, g: _Arr, rs: _Arr, re: _Arr, cs: _Arr,
         out, stream = stream_output(x.shape, x.dtype, _STREAM_MIN_BYTES)
         tasks = x.shape[0] * -(-rs.size // k.ROWS_PER_TASK)
         bad = np.zeros(tasks, np.bool_)  # a task whose replayed maxima differ from y
-        _run(k.MAX_GRAD_VEC[stream], x.size, tasks, x, y, g, rs, re, cs, ce, own_lo, own_hi,
-             r_first, r_last, c_first, c_last, out, bad)
+        launch(_FAMILY, k.MAX_GRAD_VEC[stream], x.size, x, y, g, rs, re, cs, ce, own_lo,
+               own_hi, r_first, r_last, c_first, c_last, out, bad, units=tasks)
         return None if bad.any() else out
     tasks = x.shape[0] * rs.size
     arg = np.empty(y.shape, np.int32)
     bad = np.zeros(tasks, np.bool_)
-    _run(k.max_pool_argmax, x.size, tasks, x, y, rs, re, cs, ce, arg, bad)
+    launch(_FAMILY, k.max_pool_argmax, x.size, x, y, rs, re, cs, ce, arg, bad, units=tasks)
     if bad.any():
         return None
     c_first, c_last, _, _ = _covering(cs, ce, x.shape[2])
     out = np.empty(x.shape, x.dtype)
-    _run(k.max_pool_grad, x.size, tasks, g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last,
-         c_first, c_last, zero, out)
+    launch(_FAMILY, k.max_pool_grad, x.size, g, arg, rs, cs, ce, own_lo, own_hi, r_first,
+           r_last, c_first, c_last, zero, out, units=tasks)
     return out

@@ -129,17 +129,19 @@ def claim(ctl, size, ntasks, cur):  # type: ignore[no-untyped-def]  # pragma: no
 @inline
 def tasks(ctl, ntasks, nthreads):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Start a kernel run by :func:`launch`: publish its task count (every thread computes
-    the same) in ctl[2] for the caller's wait, and return the chunk size, 8 chunks a thread
-    (as :func:`run`). The task loop: ``size = tasks(ctl, n, nthreads); cur = np.zeros(2,
-    np.int64); while claim(ctl, size, n, cur): for t in range(cur[0], cur[1]): ...``."""
+    the same) in ctl[2] for the caller's wait; return the chunk size, 8 chunks a thread
+    (as :func:`run`), and ``claim``'s cursor. The task loop: ``size, cur = tasks(ctl,
+    ntasks, nthreads)``, then ``while claim(ctl, size, ntasks, cur): for t in
+    range(cur[0], cur[1]): ...``."""
     ctl[2] = ntasks
+    cur = np.zeros(2, np.int64)
     if nthreads <= 1:  # (this thread's own ctl, reused: start it again)
         ctl[0] = 0
         ctl[1] = 0
-        return max(1, ntasks)
+        return max(1, ntasks), cur
     if ntasks <= 1:
-        return 1
-    return -(-ntasks // min(ntasks, 8 * nthreads))
+        return 1, cur
+    return -(-ntasks // min(ntasks, 8 * nthreads)), cur
 
 
 @jit(nogil=True)

@@ -32,11 +32,10 @@ _U = np.uint64
 def _forward(x, out, counts, N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, ctl,
              nthreads):  # pragma: no cover - compiled
     """x [N*H*W*C], out [N*OH*OW*C], counts [OH*OW] (flat, C order)."""
-    ntask_ = N * OH
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for t in range(cur_[0], cur_[1]):
+    ntasks = N * OH
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
             fz = ftz_enter()
             n = t // OH
             i = t - n * OH
@@ -64,11 +63,10 @@ def _forward(x, out, counts, N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, ctl,
 def _grad(g, dx, coeff, N, H, W, C, OH, OW, KH, KW, SH, SW, PT, PL, ctl,
           nthreads):  # pragma: no cover - compiled
     """g [N*OH*OW*C], dx [N*H*W*C], coeff [OH*OW] (flat, C order)."""
-    ntask_ = N * H
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for t in range(cur_[0], cur_[1]):
+    ntasks = N * H
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for t in range(cur[0], cur[1]):
             fz = ftz_enter()
             n = t // H
             p = t - n * H

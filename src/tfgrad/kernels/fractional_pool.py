@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._compile import inline, jit
-from ._pool import claim
+from ._pool import claim, tasks
 from ._simd import (
     flush_denormal,
     nlanes,
@@ -67,7 +67,7 @@ def philox(c0, c1, c2, c3, k0, k1, blocks, out):  # pragma: no cover - compiled
 
 
 @jit(nogil=True)
-def max_pool_int(x, rs, re, cs, ce, lowest, out, ctl, size, ntasks):  # pragma: no cover
+def max_pool_int(x, rs, re, cs, ce, lowest, out, ctl, nthreads):  # pragma: no cover
     """Integer T: out[b,i,j,:] = max over cell (i, j), starting at ``lowest``.
 
     Flat unsigned offsets: no negative-index fix-ups, so the depth loop vectorises."""
@@ -75,7 +75,8 @@ def max_pool_int(x, rs, re, cs, ce, lowest, out, ctl, size, ntasks):  # pragma: 
     mr, mc = rs.size, cs.size
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
-    cur = np.zeros(2, np.int64)
+    ntasks = n * mr
+    size, cur = tasks(ctl, ntasks, nthreads)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             b = t // mr
@@ -94,14 +95,15 @@ def max_pool_int(x, rs, re, cs, ce, lowest, out, ctl, size, ntasks):  # pragma: 
 
 
 @jit(nogil=True)
-def avg_pool_int(x, rs, re, cs, ce, counts, out, ctl, size, ntasks):  # pragma: no cover
+def avg_pool_int(x, rs, re, cs, ce, counts, out, ctl, nthreads):  # pragma: no cover
     """Integer T: out[b,i,j,:] = (sum in T over cell, row-major, wrapping) / count,
     truncated toward zero."""
     n, H, W, D = x.shape
     mr, mc = rs.size, cs.size
     xf, of = x.reshape(-1), out.reshape(-1)
     ud = np.uint64(D)
-    cur = np.zeros(2, np.int64)
+    ntasks = n * mr
+    size, cur = tasks(ctl, ntasks, nthreads)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             b = t // mr
@@ -146,7 +148,7 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
     time. The max is order-independent (a NaN never wins, the earlier of -0/+0 stays)
     and every sum keeps TF's row-major order, so any blocking gives TF's bits."""
 
-    def kernel(x, rs, re, cs, ce, lowest, counts, out, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
+    def kernel(x, rs, re, cs, ce, lowest, counts, out, ctl, nthreads):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
         """``lowest`` starts every maximum or sum: T's lowest or +0."""
         n, H, W, D = x.shape
         mr, mc = rs.size, cs.size
@@ -155,7 +157,8 @@ def _make_pool_vec(is_max: bool, stream: bool):  # type: ignore[no-untyped-def]
         D8 = D - D % (8 * L)
         D1 = D - D % L
         WD = W * D
-        cur = np.zeros(2, np.int64)
+        ntasks = n * mr
+        size, cur = tasks(ctl, ntasks, nthreads)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
                 b = t // mr
@@ -258,7 +261,7 @@ def _make_avg_pool_grad(is_int: bool):  # type: ignore[no-untyped-def]
     (1.35x slower)."""
 
     def kernel(g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-               lo, out, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover
+               lo, out, ctl, nthreads):  # type: ignore[no-untyped-def]  # pragma: no cover
         """Tasks are (batch, row cell r); task r writes the input rows whose last covering
         cell is r. An input element sums, in double from +0.0 and in output row-major
         order, the shares of the cells containing it (at most 2 x 2: the sequences are
@@ -269,7 +272,8 @@ def _make_avg_pool_grad(is_int: bool):  # type: ignore[no-untyped-def]
         q = np.empty((2, mc, depth), np.float64)  # slot 0: row r-1, slot 1: row r
         # flat unsigned offsets: no negative-index fix-ups, so the depth loops vectorise
         of, qf, ud = out.reshape(-1), q.reshape(-1), np.uint64(depth)
-        cur = np.zeros(2, np.int64)
+        ntasks = n * mr
+        size, cur = tasks(ctl, ntasks, nthreads)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
                 b = t // mr
@@ -318,15 +322,16 @@ AVG_POOL_GRAD = {i: _make_avg_pool_grad(i) for i in (False, True)}
 
 
 @jit(nogil=True)
-def max_pool_argmax(x, y, rs, re, cs, ce, arg, bad, ctl, size, ntasks):  # pragma: no cover
+def max_pool_argmax(x, y, rs, re, cs, ce, arg, bad, ctl, nthreads):  # pragma: no cover
     """arg[b,r,c,d] = row-major position in cell (r, c) of its first maximum, replaying
     TF's scan (best = first element; best = v if best < v). False if a replayed maximum
     differs from y (TF's tensor_out_dup check)."""
-    depth = x.shape[3]
+    n, depth = x.shape[0], x.shape[3]
     mr, mc = rs.size, cs.size
     best = np.empty(depth, x.dtype)
     code = np.empty(depth, np.int32)
-    cur = np.zeros(2, np.int64)
+    ntasks = n * mr
+    size, cur = tasks(ctl, ntasks, nthreads)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             b = t // mr
@@ -358,7 +363,7 @@ def _pick(g, arg, b, r, c, d, k, none):  # pragma: no cover - compiled
 
 @jit(nogil=True)
 def max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-                   zero, out, ctl, size, ntasks):  # pragma: no cover - compiled
+                   zero, out, ctl, nthreads):  # pragma: no cover - compiled
     """Each input element gathers, in T from zero and in output row-major order, the g of
     the (at most 2 x 2) cells whose argmax it is: the sums TF's scatter makes, without
     races. The other cells add -0 (``none``), which changes no sum, not even a sum
@@ -366,7 +371,8 @@ def max_pool_grad(g, arg, rs, cs, ce, own_lo, own_hi, r_first, r_last, c_first, 
     n, mr, mc, depth = g.shape
     w_in = out.shape[2]
     none = -zero
-    cur = np.zeros(2, np.int64)
+    ntasks = n * mr
+    size, cur = tasks(ctl, ntasks, nthreads)
     while claim(ctl, size, ntasks, cur):
         for t in range(cur[0], cur[1]):
             b = t // mr
@@ -461,14 +467,15 @@ def _make_max_grad_vec(stream: bool):  # type: ignore[no-untyped-def]
     whose argmax it is, in TF's order. No output-sized argmax array; with ``stream``,
     non-temporal stores and a prefetch of the next row cell's input lines."""
     def kernel(x, y, g, rs, re, cs, ce, own_lo, own_hi, r_first, r_last, c_first, c_last,
-               out, bad, ctl, size, ntasks):  # type: ignore[no-untyped-def]  # pragma: no cover
+               out, bad, ctl, nthreads):  # type: ignore[no-untyped-def]  # pragma: no cover
         n, H, W, D = x.shape
         mr, mc = rs.size, cs.size
         xf, yf, gf, of = x.reshape(-1), y.reshape(-1), g.reshape(-1), out.reshape(-1)
         L = nlanes(xf)
         per = (mr + ROWS_PER_TASK - 1) // ROWS_PER_TASK
         codes = np.empty(2 * mc * D, x.dtype)  # row cell r at (r % 2) * mc * D
-        cur = np.zeros(2, np.int64)
+        ntasks = n * per
+        size, cur = tasks(ctl, ntasks, nthreads)
         while claim(ctl, size, ntasks, cur):
             for t in range(cur[0], cur[1]):
                 b = t // per

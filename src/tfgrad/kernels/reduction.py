@@ -125,11 +125,10 @@ def _tree(v, first, n, acc, off=0):
 def tree_sums(v, firsts, lengths, out, ctl, nthreads):  # pragma: no cover - compiled
     """out[t] = Eigen's tree over v[firsts[t]:firsts[t] + lengths[t]]."""
     m = firsts.size
-    ntask_ = (m + _ROWS - 1) // _ROWS
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for blk in range(cur_[0], cur_[1]):
+    ntasks = (m + _ROWS - 1) // _ROWS
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for blk in range(cur[0], cur[1]):
             fz = ftz_enter()
             acc = np.empty(32, F32)
             for t in range(blk * _ROWS, min(m, (blk + 1) * _ROWS)):
@@ -141,11 +140,10 @@ def tree_sums(v, firsts, lengths, out, ctl, nthreads):  # pragma: no cover - com
 def row_sums(v, c, out, ctl, nthreads):  # pragma: no cover - compiled
     """Rows of c values of the flat v (an inner reduction): out[i] = tree of row i."""
     r = out.size
-    ntask_ = (r + _ROWS - 1) // _ROWS
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for blk in range(cur_[0], cur_[1]):
+    ntasks = (r + _ROWS - 1) // _ROWS
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for blk in range(cur[0], cur[1]):
             fz = ftz_enter()
             acc = np.empty(32, F32)
             for i in range(blk * _ROWS, min(r, (blk + 1) * _ROWS)):
@@ -290,11 +288,10 @@ def lane_sums(x, packet, all_packet, out, ctl, nthreads):  # pragma: no cover - 
     ngroup = min(ntask, _GROUPS)
     b4 = (b // 4) * 4
     lanes_path = b >= 16
-    ntask_ = ngroup
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for g in range(cur_[0], cur_[1]):
+    ntasks = ngroup
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for g in range(cur[0], cur[1]):
             fz = ftz_enter()
             acc = aligned_scratch(4 * _COLS, x)
             lanes = aligned_scratch(_COLS, x)
@@ -363,11 +360,10 @@ def lane_sums_rows(x, packet, out, ctl, nthreads):  # pragma: no cover - compile
     a, b, c = x.shape
     xf = x.reshape(-1)
     nblk = (c + _COLS - 1) // _COLS
-    ntask_ = a * nblk
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for task in range(cur_[0], cur_[1]):
+    ntasks = a * nblk
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for task in range(cur[0], cur[1]):
             fz = ftz_enter()
             i = task // nblk
             k0 = (task % nblk) * _COLS
@@ -415,11 +411,10 @@ def lane_sums_rows(x, packet, out, ctl, nthreads):  # pragma: no cover - compile
 def zero_two_sums(x, out, ctl, nthreads):  # pragma: no cover - compiled
     """x [a, b, c] summed along a and c into out [b]: for k in c, for i in a, from +0."""
     a, b, c = x.shape
-    ntask_ = b
-    size_ = tasks(ctl, ntask_, nthreads)
-    cur_ = np.zeros(2, np.int64)
-    while claim(ctl, size_, ntask_, cur_):
-        for bb in range(cur_[0], cur_[1]):
+    ntasks = b
+    size, cur = tasks(ctl, ntasks, nthreads)
+    while claim(ctl, size, ntasks, cur):
+        for bb in range(cur[0], cur[1]):
             fz = ftz_enter()
             s = _ZERO
             for k in range(c):
