@@ -232,6 +232,26 @@ def test_per_channel_any_rank(shape):
     same(out.backprop_wrt_max, np.full(3, x.size // 3))
 
 
+@pytest.mark.parametrize("d", [2, 4, 8, 12, 16, 24, 29, 40, 72])
+@pytest.mark.parametrize("rows", [37, 1000])
+def test_per_channel_gradient_every_vector_width(d, rows):
+    # The kernel runs a row's channel block as vectors of 16, then 8, then a masked one
+    # (a loop below 3 channels): every mix of them, with special values in every lane.
+    rng = np.random.default_rng(d * 1000 + rows)
+    lo = (-np.linspace(0.5, 2.0, d)).astype(F32)
+    hi = np.linspace(0.3, 3.0, d).astype(F32)
+    x = values(rng, (rows, d), -1.0, 1.5)
+    specials = np.array([0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan], F32)
+    x[:7] = specials[:, None]
+    x[7], x[8] = lo, hi  # the range's ends: inside
+    x[9], x[10] = np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf)  # just outside
+    g = gradients(rng, (rows, d))
+    g[11:18] = specials[:, None]
+    g[18:] *= np.where(rng.random((rows - 18, d)) < 0.5, F32(-1), F32(1))
+    out = both(PC_G, gradients=g, inputs=x, min=lo, max=hi)
+    check_tf(PC_G, out, gradients=g, inputs=x, min=lo, max=hi)
+
+
 def test_empty():
     assert both(ARGS, inputs=np.zeros((0, 3), F32)).shape == (0, 3)
     out = both(VARS_G, gradients=np.zeros(0, F32), inputs=np.zeros(0, F32), min=F32(-1),

@@ -315,6 +315,32 @@ def vfull8(typingctx, arr, value):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vload8(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + 8] of a float32 array (C-contiguous, one-dimensional)."""
+    if not _f32_array(arr) or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        return _load8(context, builder, sig.args[0], args[0], args[1])
+
+    return VEC8(arr, i), codegen
+
+
+@intrinsic
+def vstore8(typingctx, arr, i, v):  # type: ignore[no-untyped-def]
+    """arr.flat[i:i + 8] = v (float32 x 8)."""
+    if not _f32_array(arr) or not isinstance(i, types.Integer) or v != VEC8:
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], VEC8),
+                      align=4)
+        return context.get_dummy_value()
+
+    return types.none(arr, i, v), codegen
+
+
+@intrinsic
 def vgather8(typingctx, arr, i, stride):  # type: ignore[no-untyped-def]
     """Lane k = arr.flat[i + k * stride], k < 8 (eight scalar loads)."""
     if not (_f32_array(arr) and isinstance(i, types.Integer)
@@ -532,6 +558,8 @@ vwhere_lt = _ternary_select("vwhere_lt", "x where a < b, else y, per lane (false
                             lambda bd, a, b: bd.fcmp_ordered("<", a, b))
 vwhere_eq = _ternary_select("vwhere_eq", "x where a == b, else y, per lane (false for NaN).",
                             lambda bd, a, b: bd.fcmp_ordered("==", a, b))
+vwhere_le = _ternary_select("vwhere_le", "x where a <= b, else y, per lane (false for NaN).",
+                            lambda bd, a, b: bd.fcmp_ordered("<=", a, b))
 
 
 @intrinsic
