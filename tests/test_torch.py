@@ -726,6 +726,30 @@ def test_fractional_pool_layers_seeds():
     assert x.grad.shape == x.shape
 
 
+def test_fractional_pool_layer_eager_seeds_skip_the_dispatcher(monkeypatch):
+    # Eager, the layer's drawn seeds go to the op as ints (the direct path), the values a
+    # compiled graph's seed tensor would carry: the regions torch.manual_seed repeats.
+    need("fractional_pool")
+    from tfgrad.torch import _functions
+
+    x = rand(2, 3, 10, 10)
+    layer = tt.FractionalMaxPool2d(1.5, return_sequences=True)
+    torch.manual_seed(3)
+    s = torch.randint(1, 2**62, (2,))
+    want = raw_ops.FractionalMaxPool(value=npy(x).transpose(0, 2, 3, 1),
+                                     pooling_ratio=[1, 1.5, 1.5, 1], deterministic=True,
+                                     seed=int(s[0]), seed2=int(s[1]))
+    calls = []
+    real = _functions.FUNCTIONS["fractional_max_pool"]
+    monkeypatch.setattr(tt.FractionalMaxPool2d, "_fn",
+                        staticmethod(lambda *a: calls.append(a[-2:]) or real(*a)))
+    torch.manual_seed(3)
+    y, rows, _ = layer(x)
+    same(y.permute(0, 2, 3, 1), want.output)
+    same(rows, want.row_pooling_sequence)
+    assert [tuple(map(type, c)) for c in calls] == [(int, int)]
+
+
 def test_example_runs_quick():
     for family in ("fake_quant", "batch_norm", "depthwise_conv", "fractional_pool"):
         need(family)  # (the example's)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import _shapes
+from ._eager import plain_eager
 from ._functions import FUNCTIONS
 
 depthwise_conv2d_native = FUNCTIONS["depthwise_conv2d_native"]
@@ -373,7 +374,11 @@ class _FractionalPool2d(nn.Module):
         if self.seed is None:
             # Drawn from torch's generator, so torch.manual_seed makes runs repeatable; kept
             # as a tensor, read by the operator when it runs (no graph break, no recompile).
+            # Eager, the same values as ints: the call then skips torch's dispatcher.
             s = torch.randint(1, 2**62, (2,))
+            if not torch.compiler.is_compiling() and plain_eager():
+                a, b = s.tolist()
+                return a, b
             return s[0], s[1]
         if isinstance(self.seed, numbers.Integral):
             return 87654321, int(self.seed)  # (as tf.nn.fractional_*_pool, no global seed)
