@@ -252,6 +252,33 @@ def test_per_channel_gradient_every_vector_width(d, rows):
     check_tf(PC_G, out, gradients=g, inputs=x, min=lo, max=hi)
 
 
+@pytest.mark.parametrize("memory,perm", [
+    ((4, 8, 5, 5), (0, 2, 3, 1)), ((3, 16, 7, 9), (0, 2, 3, 1)), ((2, 3, 6, 6), (0, 2, 3, 1)),
+    ((5, 20, 40), (0, 2, 1)), ((6, 5), (1, 0)), ((2, 3, 29, 4, 4), (0, 1, 3, 4, 2)),
+    ((3, 7, 1, 5), (0, 2, 3, 1))])
+def test_per_channel_channel_first_views(memory, perm):
+    # A channels-last view of channel-first memory (what a torch NCHW layer's movedim
+    # gives) runs on that memory without copies: the bits of its contiguous copy, in
+    # Eigen's order over the channels-last rows, and the outputs in the input's layout.
+    rng = np.random.default_rng(len(memory) * 100 + memory[1])
+    x = values(rng, (int(np.prod(memory)),), -1.0, 1.5).reshape(memory).transpose(perm)
+    d = x.shape[-1]
+    g = gradients(rng, x.shape)
+    lo = (-np.linspace(0.5, 2.0, d)).astype(F32)
+    hi = np.linspace(0.3, 3.0, d).astype(F32)
+    lo[d // 2] = hi[d // 2] = 0  # a channel of zeros (passes its gradient through)
+    assert not x.flags.c_contiguous and x.base is not None
+    xc = np.ascontiguousarray(x)
+    y = both(PC, inputs=x, min=lo, max=hi)
+    assert y.strides == x.strides
+    same(y, run(PC, inputs=xc, min=lo, max=hi))
+    out = both(PC_G, gradients=g, inputs=x, min=lo, max=hi)
+    assert out.backprops_wrt_input.strides == x.strides
+    oracle.assert_outputs(PC_G, out, run(PC_G, gradients=g, inputs=xc, min=lo, max=hi),
+                          what="channel-first view vs contiguous")
+    check_tf(PC_G, out, gradients=g, inputs=xc, min=lo, max=hi)
+
+
 def test_empty():
     assert both(ARGS, inputs=np.zeros((0, 3), F32)).shape == (0, 3)
     out = both(VARS_G, gradients=np.zeros(0, F32), inputs=np.zeros(0, F32), min=F32(-1),
@@ -503,6 +530,14 @@ for shape in [(60013, 3), (9000, 40), (16391, 1)]:
             gradients=g, inputs=x, min=lo[0], max=hi[0]):
         h.update(np.ascontiguousarray(r).tobytes())
     h.update(tfgrad.raw_ops.FakeQuantWithMinMaxVarsPerChannel(inputs=x, min=lo, max=hi).tobytes())
+x = values(rng, (16 * 24 * 300,), -1.0, 1.5).reshape(16, 24, 300).transpose(0, 2, 1)
+g = gradients(rng, x.shape)  # (a channels-last view of channel-first memory)
+lo, hi = np.full(24, -0.7, np.float32), np.full(24, 1.1, np.float32)
+for r in tfgrad.raw_ops.FakeQuantWithMinMaxVarsPerChannelGradient(
+        gradients=g, inputs=x, min=lo, max=hi):
+    h.update(np.ascontiguousarray(r).tobytes())
+h.update(np.ascontiguousarray(tfgrad.raw_ops.FakeQuantWithMinMaxVarsPerChannel(
+    inputs=x, min=lo, max=hi)).tobytes())
 print(h.hexdigest())
 """
 

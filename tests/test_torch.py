@@ -663,6 +663,30 @@ def test_fake_quant_layer():
     assert layer.min.grad.shape == (3,) and layer.max.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("shape", [(4, 8, 6, 6), (2, 20, 3, 5), (3, 5, 7)])
+def test_fake_quant_layer_nchw_runs_on_its_memory(shape):
+    # An NCHW input's channels-last view goes to the kernels as it is: the output comes
+    # back contiguous NCHW (no copy), and the output and every gradient are the bits of
+    # the NHWC layer on a contiguous channels-last copy.
+    need("fake_quant")
+    c = shape[1]
+    layer = tt.FakeQuantPerChannel(c, num_bits=6, init_min=-1.5, init_max=2.0)
+    nhwc = tt.FakeQuantPerChannel(c, num_bits=6, init_min=-1.5, init_max=2.0,
+                                  data_format="NHWC")
+    x = rand(*shape, scale=3.0)
+    xl = x.detach().movedim(1, -1).contiguous().requires_grad_()
+    g = rand(*shape, seed=5, grad=False)
+    y = layer(x)
+    assert y.is_contiguous()
+    yl = nhwc(xl)
+    assert torch.equal(y, yl.movedim(-1, 1))
+    y.backward(g)
+    yl.backward(g.movedim(1, -1))
+    assert torch.equal(x.grad, xl.grad.movedim(-1, 1))
+    assert torch.equal(layer.min.grad, nhwc.min.grad)
+    assert torch.equal(layer.max.grad, nhwc.max.grad)
+
+
 def test_batch_norm_layer_running_statistics():
     need("batch_norm")
     torch.manual_seed(0)

@@ -8,6 +8,8 @@ warnings (results here, as in TF).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._compile import Twins, launch, num_threads
@@ -34,7 +36,7 @@ def _layout(x: np.ndarray, channel_last: bool) -> tuple[int, int, int]:
         c = x.shape[-1]
         return (x.size // c if c else 0), c, 1
     n, c = x.shape[0], x.shape[1]
-    return n, c, int(np.prod(x.shape[2:]))
+    return n, c, math.prod(x.shape[2:])
 
 
 def _f32_flat(a: np.ndarray) -> np.ndarray:

@@ -5,6 +5,8 @@ other's trailing dimensions: a [N, C] x against its [1, C] mean)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._compile import launch
@@ -30,7 +32,7 @@ def _trailing(small: tuple[int, ...], shape: tuple[int, ...]) -> int:
         s.pop(0)
     if not s or tuple(s) != tuple(shape[len(shape) - len(s):]):
         return 0
-    return int(np.prod(s))
+    return math.prod(s)
 
 
 def SquaredDifference(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@ rows, the nudged range's values, Eigen's reduction plan for the sums."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,27 @@ def _flat(a: np.ndarray) -> np.ndarray:
 def _as_rows(a: np.ndarray, d: int) -> np.ndarray:
     """C-contiguous [N, d] view (copy only if needed) of channels-last data (d > 0)."""
     return np.ascontiguousarray(a).reshape(-1, d)
+
+
+def _channel_first(a: np.ndarray) -> tuple[tuple[int, ...], int, int] | None:
+    """``(perm, N, S)`` where channels-last ``a`` (not C-contiguous, not empty) is a view of
+    channel-first memory: ``a.transpose(perm)`` is C-contiguous [N..., C, S...] (the
+    channel axis moved last from position j > 0, as a torch NCHW layer's ``movedim``
+    does), N and S the sizes before and after it; else None. Its rows, in channels-last
+    order, are then runs of S values, one run per (n, channel)."""
+    last = a.ndim - 1
+    for j in range(last):
+        perm = (*range(j), last, *range(j, last))
+        if a.transpose(perm).flags.c_contiguous:
+            return perm, math.prod(a.shape[:j]), math.prod(a.shape[j:last])
+    return None
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
 
 
 def nudge(mn: np.ndarray, mx: np.ndarray, num_bits: int, narrow_range: bool
@@ -47,12 +69,20 @@ def quantize(x: np.ndarray, p: Any, divide: bool) -> np.ndarray:
                float(p.scale), float(p.inv), float(p.qz), divide, out.reshape(-1))
         return out
     d = x.shape[-1]
-    out = np.empty(x.shape, F32)
-    if out.size:
-        launch(_FAMILY, k.quantize_channels, x.size, _as_rows(x, d), p.nmin, p.nmax, p.scale,
-               p.inv, p.qz, out.reshape(-1, d))
-        for c in np.flatnonzero(p.zero):  # min == max == 0: zeros
-            out[..., c] = 0
+    cf = _channel_first(x) if x.size and not x.flags.c_contiguous else None
+    if cf is not None:  # the output in x's layout (as NumPy's elementwise functions)
+        perm, n, s = cf
+        t = np.empty(x.transpose(perm).shape, F32)
+        launch(_FAMILY, k.quantize_channels_first, x.size, x.transpose(perm).reshape(n, d, s),
+               p.nmin, p.nmax, p.scale, p.inv, p.qz, t.reshape(n, d, s), units=n * d)
+        out = t.transpose(_inverse(perm))
+    else:
+        out = np.empty(x.shape, F32)
+        if out.size:
+            launch(_FAMILY, k.quantize_channels, x.size, _as_rows(x, d), p.nmin, p.nmax,
+                   p.scale, p.inv, p.qz, out.reshape(-1, d))
+    for c in np.flatnonzero(p.zero):  # min == max == 0: zeros
+        out[..., c] = 0
     return out
 
 
@@ -68,10 +98,10 @@ def gradient(g: np.ndarray, x: np.ndarray, p: Any, cost: float
              ) -> tuple[np.ndarray, Any, Any]:
     """dx (shape of x) and the sums (shape of p's arrays) for one range or one per channel
     (at least one channel); ``cost``: Eigen's cycles per value of the summed expression."""
-    dx = np.empty(x.shape, F32)
     if p.nmin.ndim == 0:
         if bool(p.zero):
             return g.copy(), F32(0), F32(0)
+        dx = np.empty(x.shape, F32)
         sums = np.zeros(2, F32)
         plan = reduction_plan(x.size, 1, cost)
         launch(_FAMILY, k.gradient_flat, x.size, _flat(g), _flat(x), float(p.nmin),
@@ -80,13 +110,25 @@ def gradient(g: np.ndarray, x: np.ndarray, p: Any, cost: float
     d = x.shape[-1]
     dmin = np.zeros(d, F32)
     dmax = np.zeros(d, F32)
-    if x.size:
-        n = x.size // d
-        plan = reduction_plan(n, d, cost)
-        tasks = (plan[1].size - 1) * -(-d // plan[3])  # subtrees x channel blocks
-        launch(_FAMILY, k.gradient_channels, x.size, _as_rows(g, d), _as_rows(x, d), p.nmin,
-               p.nmax, *plan, dx.reshape(-1, d), dmin, dmax, units=tasks)
-        for c in np.flatnonzero(p.zero):  # min == max == 0: pass through
-            dx[..., c] = g[..., c]
-            dmin[c] = dmax[c] = 0
+    cf = _channel_first(x) if x.size and not x.flags.c_contiguous else None
+    if cf is not None:  # dx in x's layout; the sums in the channels-last rows' order
+        perm, n, s = cf
+        t = np.empty(x.transpose(perm).shape, F32)
+        prog, starts, top, _, depth = reduction_plan(n * s, d, cost)
+        launch(_FAMILY, k.gradient_channels_first, x.size,
+               np.ascontiguousarray(g.transpose(perm)).reshape(n, d, s),
+               x.transpose(perm).reshape(n, d, s), p.nmin, p.nmax, prog, starts, top, depth,
+               t.reshape(n, d, s), dmin, dmax, units=(starts.size - 1) * d)
+        dx = t.transpose(_inverse(perm))
+    else:
+        dx = np.empty(x.shape, F32)
+        if x.size:
+            n = x.size // d
+            plan = reduction_plan(n, d, cost)
+            tasks = (plan[1].size - 1) * -(-d // plan[3])  # subtrees x channel blocks
+            launch(_FAMILY, k.gradient_channels, x.size, _as_rows(g, d), _as_rows(x, d),
+                   p.nmin, p.nmax, *plan, dx.reshape(-1, d), dmin, dmax, units=tasks)
+    for c in np.flatnonzero(p.zero):  # min == max == 0: pass through
+        dx[..., c] = g[..., c]
+        dmin[c] = dmax[c] = 0
     return dx, dmin, dmax

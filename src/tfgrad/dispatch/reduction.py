@@ -4,6 +4,7 @@ outputs Eigen evaluates as packets."""
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -84,7 +85,7 @@ def sums(x: np.ndarray, plan: Any, shard_count: int) -> np.ndarray:
         return _full(np.ascontiguousarray(x, F32).reshape(-1), shard_count)
     if plan.kind == "transpose":  # TF's DoTranspose to [kept, reduced], then rows
         t = np.ascontiguousarray(np.reshape(x, dims).transpose(plan.perm))
-        r = int(np.prod(plan.out_shape, dtype=np.int64))
+        r = math.prod(plan.out_shape)
         out = np.empty(r, F32)
         c = t.size // r
         launch(_FAMILY, k.row_sums, t.size, t.reshape(-1), c, out, units=-(-r // 64))

@@ -141,6 +141,19 @@ def quantize_channels(x, nmin, nmax, scale, inv, qz, out):
                 out[i, c] = _quant(x[i, c], nmin[c], nmax[c], scale[c], inv[c], qz[c], False)
 
 
+@Twins
+def quantize_channels_first(x, nmin, nmax, scale, inv, qz, out):
+    """out[i, c, k] = fake-quant(x[i, c, k]) with channel c's range: channel-first
+    [N, d, S] data (a channels-last view's memory; PerChannel multiplies)."""
+    n, d, s = x.shape
+    for t in prange(n * d):
+        i = t // d
+        c = t % d
+        lo, hi, sc, iv, z = nmin[c], nmax[c], scale[c], inv[c], qz[c]
+        for k in range(s):
+            out[i, c, k] = _quant(x[i, c, k], lo, hi, sc, iv, z, False)
+
+
 # --------------------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------------------
@@ -355,9 +368,26 @@ def _masks(g, x, lo, hi, i, dx):
     return (gi if xi < lo else z), (gi if xi > hi else z)
 
 
+@inline
+def _at(r, s, step, off):
+    # Row r's address in runs of s rows, step apart, from off: channel c of channel-first
+    # [N, C, S] data is s = S, step = C * S, off = c * S; flat data is one run.
+    o = r // s
+    return _U(o * step + off + (r - o * s))
+
+
+@inline
+def _lane(g, x, lo, hi, i, dx, acc, lane):
+    below, above = _masks(g, x, lo, hi, i, dx)
+    acc[0, lane] = _ftz(acc[0, lane] + below)
+    acc[1, lane] = _ftz(acc[1, lane] + above)
+
+
 @jit
-def _subtree_flat(g, x, lo, hi, prog, p0, p1, depth, dx, out):
-    """Flat (one range) version of _subtree: the 32 lanes run over consecutive values."""
+def _subtree_flat(g, x, lo, hi, prog, p0, p1, s, step, off, col, depth, dx, out):
+    """One range's version of _subtree, the 32 lanes over consecutive rows, row r at
+    ``_at(r, s, step, off)`` of the flat g, x and dx (consecutive values within a run);
+    the sums go to out[:, col]."""
     acc = np.empty((2, 32), F32)
     stack = np.empty((depth, 2), F32)
     sp = 0
@@ -369,23 +399,24 @@ def _subtree_flat(g, x, lo, hi, prog, p0, p1, depth, dx, out):
             n8 = (m // 8) * 8
             acc[:] = 0
             for j in range(first, first + n4, 32):
-                for lane in range(32):
-                    below, above = _masks(g, x, lo, hi, _U(j + lane), dx)
-                    acc[0, lane] = _ftz(acc[0, lane] + below)
-                    acc[1, lane] = _ftz(acc[1, lane] + above)
+                b = _at(j, s, step, off)
+                if j % s + 32 <= s:  # one run: consecutive values
+                    for lane in range(32):
+                        _lane(g, x, lo, hi, b + _U(lane), dx, acc, lane)
+                else:
+                    for lane in range(32):
+                        _lane(g, x, lo, hi, _at(j + lane, s, step, off), dx, acc, lane)
             for k in range(2):
                 for q in range(1, 4):
                     for lane in range(8):
                         acc[k, lane] = _ftz(acc[k, lane] + acc[k, 8 * q + lane])
             for j in range(first + n4, first + n8, 8):
                 for lane in range(8):
-                    below, above = _masks(g, x, lo, hi, _U(j + lane), dx)
-                    acc[0, lane] = _ftz(acc[0, lane] + below)
-                    acc[1, lane] = _ftz(acc[1, lane] + above)
+                    _lane(g, x, lo, hi, _at(j + lane, s, step, off), dx, acc, lane)
             tail0 = _ZERO
             tail1 = _ZERO
             for i in range(first + n8, first + m):
-                below, above = _masks(g, x, lo, hi, _U(i), dx)
+                below, above = _masks(g, x, lo, hi, _at(i, s, step, off), dx)
                 tail0 = _ftz(tail0 + below)
                 tail1 = _ftz(tail1 + above)
             for k in range(2):
@@ -401,8 +432,27 @@ def _subtree_flat(g, x, lo, hi, prog, p0, p1, depth, dx, out):
             for k in range(2):
                 left = _ftz(_ZERO + stack[sp - 1, k])
                 stack[sp - 1, k] = _ftz(left + stack[sp, k])
-    out[0, 0] = stack[0, 0]
-    out[1, 0] = stack[0, 1]
+    out[0, col] = stack[0, 0]
+    out[1, col] = stack[0, 1]
+
+
+@Twins
+def gradient_channels_first(g, x, nmin, nmax, prog, starts, top, depth, dx, dmin, dmax):
+    """PerChannel gradient on channel-first [N, d, S] data, whose rows (n, s) are those of
+    its channels-last view: dx, and dmin/dmax[d] in Eigen's order. A task is (subtree,
+    channel), its 32 lanes over consecutive values of the channel's runs of S."""
+    n, d, s = x.shape
+    gf = g.reshape(-1)
+    xf = x.reshape(-1)
+    dxf = dx.reshape(-1)
+    nsub = starts.size - 1
+    res = np.empty((nsub, 2, d), F32)
+    for task in prange(nsub * d):
+        t = task // d
+        c = task % d
+        _subtree_flat(gf, xf, F32(nmin[c]), F32(nmax[c]), prog, starts[t], starts[t + 1], s,
+                      d * s, c * s, c, depth, dxf, res[t])
+    _combine_top(res, top, depth, dmin, dmax)
 
 
 @Twins
@@ -412,7 +462,8 @@ def gradient_flat(g, x, nmin, nmax, prog, starts, top, width, depth, dx, sums):
     nsub = starts.size - 1
     res = np.empty((nsub, 2, 1), F32)
     for s in prange(nsub):
-        _subtree_flat(g, x, lo, hi, prog, starts[s], starts[s + 1], depth, dx, res[s])
+        _subtree_flat(g, x, lo, hi, prog, starts[s], starts[s + 1], max(x.size, 1), 0, 0, 0,
+                      depth, dx, res[s])
     dmin = np.empty(1, F32)
     dmax = np.empty(1, F32)
     _combine_top(res, top, depth, dmin, dmax)

@@ -21,6 +21,7 @@ The TF behaviours and the tests that pin them: docs/bias_add.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -48,8 +49,8 @@ def channel_axis(ndim: int, data_format: str) -> int:
 def three_dims(shape: tuple[int, ...], data_format: str) -> tuple[int, int, int]:
     """``(outer, C, inner)``: NHWC ``[R, C, 1]``, NCHW ``[B, C, HW]``."""
     ax = channel_axis(len(shape), data_format)
-    outer = int(np.prod(shape[:ax], dtype=np.int64))
-    inner = int(np.prod(shape[ax + 1:], dtype=np.int64))
+    outer = int(math.prod(shape[:ax]))
+    inner = int(math.prod(shape[ax + 1:]))
     return outer, int(shape[ax]), inner
 
 

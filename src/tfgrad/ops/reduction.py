@@ -33,6 +33,7 @@ reference (the spec); the kernels are ``tfgrad.kernels.reduction`` run by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -108,8 +109,8 @@ def make_plan(op: str, shape: tuple[int, ...], axes: tuple[int, ...], keep_dims:
     rank = len(shape)
     bitmap = _axes_bitmap(op, rank, np.asarray(axes, np.int64))
     out_shape = tuple(1 if r else s for s, r in zip(shape, bitmap) if keep_dims or not r)
-    size = int(np.prod(shape, dtype=np.int64)) if rank else 1
-    out_size = int(np.prod(out_shape, dtype=np.int64)) if out_shape else 1
+    size = math.prod(shape)
+    out_size = math.prod(out_shape)
     first = next((i for i, s in enumerate(shape) if s != 1), rank)
     dims: list[int] = []
     reduce_first = True  # an input of size-1 dims only is "essentially a scalar"
@@ -218,7 +219,7 @@ def reference_sum(x: np.ndarray, plan: Plan) -> np.ndarray:
         return _zero_two(v)
     assert plan.kind == "transpose"
     t = np.ascontiguousarray(v.transpose(plan.perm))
-    out = int(np.prod(plan.out_shape, dtype=np.int64)) if plan.out_shape else 1
+    out = math.prod(plan.out_shape)
     return _inner(t.reshape(out, -1))
 
 

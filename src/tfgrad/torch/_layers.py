@@ -103,8 +103,9 @@ class FakeQuantPerChannel(_Float32Parameters):
     [N, C], [N, C, H, W], ...) and the last dim for ``"NHWC"``; ``axis`` names it
     explicitly (``axis=0`` quantizes a ``Linear`` weight [out, in] per output channel).
     TF's op quantizes the last dim: the layer moves the channel there and back, which
-    changes no bit. The output has the input's memory format (a contiguous input gives a
-    contiguous output, a channels-last one a channels-last output).
+    changes no bit (views: eager, the kernels run on the input's memory as it is). The
+    output has the input's memory format (a contiguous input gives a contiguous output, a
+    channels-last one a channels-last output).
     """
 
     def __init__(self, num_channels: int, num_bits: int = 8, narrow_range: bool = False,

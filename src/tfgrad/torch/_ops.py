@@ -246,7 +246,9 @@ def _exact(op: OpDef, tensors: dict[str, torch.Tensor], rest: dict[str, Any]
     arrays = {k: to_numpy(t) for k, t in tensors.items()}
     out = getattr(raw_ops, op.name)(**arrays, **rest)
     outs = tuple(out) if isinstance(out, tuple) else (out,)
-    return tuple(_from_numpy(np.asarray(o)) for o in outs)
+    # (contiguous, as the fake implementations' outputs: the kernels may give an input's
+    # layout, which only the eager path keeps)
+    return tuple(_from_numpy(np.asarray(o, order="C")) for o in outs)
 
 
 def portable_function(op: OpDef) -> Callable[..., Any]:

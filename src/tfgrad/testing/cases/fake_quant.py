@@ -424,11 +424,31 @@ def _warm_make(op: str, shape: tuple[int, ...], narrow: bool
     return make
 
 
-# Every op with narrow_range off and on, tiny and at 2**17 elements (threaded kernels).
+def _warm_channel_first(op: str, memory: tuple[int, int, int]
+                        ) -> Callable[[np.random.Generator], dict[str, Any]]:
+    """PerChannel on a channels-last view of channel-first memory (a torch NCHW layer's)."""
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        kw = _warm_make(op, memory, False)(rng)
+        for k in ("inputs", "gradients"):
+            if k in kw:
+                kw[k] = kw[k].transpose(0, 2, 1)
+        d = memory[1]
+        kw.update(min=np.full(d, -3, F32), max=np.full(d, 4, F32))
+        return kw
+
+    return make
+
+
+# Every op with narrow_range off and on, tiny and at 2**17 elements (threaded kernels);
+# PerChannel also on channel-first memory.
 WARMUP: list[Warmup] = [
     Warmup(op, f"{list(shape)} narrow_range={narrow}", _warm_make(op, shape, narrow),
            large=shape == (256, 512))
     for shape in ((3, 5), (256, 512)) for narrow in (False, True) for op in _OPS.values()
+] + [
+    Warmup(_OPS[kind], f"{list(memory)} channel-first view",
+           _warm_channel_first(_OPS[kind], memory), large=memory[0] > 2)
+    for memory in ((2, 3, 5), (16, 64, 128)) for kind in ("pc", "pc_grad")
 ]
 
 
