@@ -304,6 +304,30 @@ def test_repeated_signature_still_checks_attr_types_and_values():
             padding="VALID")
 
 
+def test_seeds_stay_out_of_the_signature():
+    # A layer draws new seeds every step: one signature for them all, each call run with
+    # its own seeds (the bits of an uncached call), and a seed still checked every call.
+    from tfgrad import _api
+
+    x = np.random.default_rng(0).standard_normal((2, 9, 9, 3)).astype(np.float32)
+    kw = dict(value=x, pooling_ratio=[1, 1.5, 1.5, 1], deterministic=True)
+    _api._CACHE.clear()
+    outs = [tfgrad.raw_ops.FractionalMaxPool(**kw, seed=s, seed2=s + 7) for s in range(1, 7)]
+    assert len(_api._CACHE) == 1
+    _api._CACHE.clear()
+    for s, out in zip(range(1, 7), outs):
+        _api._CACHE.clear()  # (each call uncached: bound and checked in full)
+        want = tfgrad.raw_ops.FractionalMaxPool(**kw, seed=s, seed2=s + 7)
+        for a, b in zip(out, want):
+            assert a.tobytes() == b.tobytes()
+    assert len({o.row_pooling_sequence.tobytes() for o in outs}) > 1
+    tfgrad.raw_ops.FractionalMaxPool(**kw, seed=1, seed2=2)
+    with pytest.raises(tfgrad.InvalidArgumentError, match="int64"):
+        tfgrad.raw_ops.FractionalMaxPool(**kw, seed=2**63, seed2=2)
+    with pytest.raises(TypeError, match="seed2"):
+        tfgrad.raw_ops.FractionalMaxPool(**kw, seed=1, seed2=2.0)
+
+
 def test_repeated_signature_still_runs_the_value_checks():
     shape = np.array([1, 4, 4, 1], np.int64)
     g = np.ones((1, 2, 2, 1), np.float32)

@@ -51,12 +51,13 @@ def output_type(op: OpDef) -> Any:
 # are) and whose attrs are plain Python values is described, for every check that needs
 # no input values, by its signature: the op, each array's dtype, shape and strides, the
 # values of the shape inputs, the attrs' values (and types: 8.0 is not 8, True is not 1,
-# -0.0 is not 0.0). The first call of a signature runs ``bind`` and the family's
-# ``prepare`` (``check``: shapes, ranks, sizes, allocations; what follows from the attrs
-# alone); later calls run only what ``prepare`` returned: the value checks and the
-# compute. Never cached: a call that raised before its value checks, one whose checks
-# read the machine (an allocation past ``_validate``'s always-allowed size, or
-# TFGRAD_MAX_BYTES set), inputs that bind converts (Python values, other dtypes).
+# -0.0 is not 0.0), the seeds excepted (``_VOLATILE``). The first call of a signature
+# runs ``bind`` and the family's ``prepare`` (``check``: shapes, ranks, sizes,
+# allocations; what follows from the attrs alone); later calls run only what ``prepare``
+# returned: the value checks and the compute. Never cached: a call that raised before
+# its value checks, one whose checks read the machine (an allocation past
+# ``_validate``'s always-allowed size, or TFGRAD_MAX_BYTES set), inputs that bind
+# converts (Python values, other dtypes).
 _CACHE: dict[tuple, tuple[Callable[[dict[str, Any]], Any], dict[str, Any], tuple[str, ...]]] = {}
 _CACHE_MAX = 4096
 _NO = object()
@@ -82,11 +83,26 @@ def _list_key(v: Any, kind: str) -> Any:
     return _NO if _NO in k else k
 
 
+_VOLATILE = frozenset({"seed", "seed2"})
+"""Int attrs whose values change from call to call (the fractional pools' seeds, drawn per
+step): kept out of the signature and passed to the cached rest of the op with the arrays,
+their type and range checked on every call, so that a new seed neither binds and checks
+the call again nor fills the cache."""
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _volatile(op: OpDef) -> tuple[str, ...]:
+    return tuple(a.name for a in op.attrs if a.name in _VOLATILE and a.type == "int")
+
+
 def _key_function(op: OpDef) -> Callable[[dict[str, Any]], tuple | None]:
     """The signature of a call of ``op`` (hashable), or None where it is not cacheable."""
     arrays = tuple(i.name for i in op.inputs if not i.is_shape)
     shapes = tuple(i.name for i in op.inputs if i.is_shape)
-    plain = tuple((a.name, _ATTR_TYPES[a.type]) for a in op.attrs if a.type in _ATTR_TYPES)
+    volatile = _volatile(op)
+    lo, hi = _INT64
+    plain = tuple((a.name, _ATTR_TYPES[a.type]) for a in op.attrs
+                  if a.type in _ATTR_TYPES and a.name not in volatile)
     floats = tuple(a.name for a in op.attrs if a.type == "float")
     lists = tuple((a.name, a.type) for a in op.attrs if a.type.startswith("list("))
     ndarray = np.ndarray
@@ -112,6 +128,10 @@ def _key_function(op: OpDef) -> Callable[[dict[str, Any]], tuple | None]:
             if type(v) is not t:
                 return None
             k.append(v)
+        for n in volatile:  # (checked here as bind would, not part of the key)
+            v = arguments[n]
+            if type(v) is not int or not lo <= v <= hi:
+                return None
         for n in floats:
             v = _float_key(arguments[n])
             if v is _NO:
@@ -171,7 +191,9 @@ def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
     kwargs = _validate.bind(op, arguments)
     rest = _prepare(op)(op.name, kwargs)
     if key is not None and _validate.slow_checks() == slow:
-        passed, fixed = [], {a.name: kwargs[a.name] for a in op.attrs}
+        volatile = _volatile(op)
+        passed = list(volatile)
+        fixed = {a.name: kwargs[a.name] for a in op.attrs if a.name not in volatile}
         for i in op.inputs:
             v = arguments[i.name]
             if type(v) is np.ndarray:
