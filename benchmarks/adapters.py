@@ -109,6 +109,14 @@ def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
             (t,) = ctx.saved_tensors
             return torch.from_numpy(g.numpy().copy())
 
+    from tfgrad.torch._ops import OPERATORS
+
+    def under_no_grad(call: Any) -> Any:
+        def run() -> None:
+            with torch.no_grad():
+                call()
+        return run
+
     def dw_grads() -> None:
         DD.backprop_input(wn, gdw, geo)
         DD.backprop_filter(xn, gdw, geo)
@@ -120,6 +128,9 @@ def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
         "fq tfgrad.torch forward": lambda: tt.fake_quant_with_min_max_args(x8),
         "fq tfgrad.torch forward + backward":
             lambda: tt.fake_quant_with_min_max_args(x8g).sum().backward(),
+        # (the operator through torch's dispatcher: what a compiled graph calls per op)
+        "fq operator (dispatcher, no grad)": under_no_grad(
+            lambda: OPERATORS["FakeQuantWithMinMaxArgs"](x8)),
         "fq torch native forward":
             lambda: torch.fake_quantize_per_tensor_affine(x8, scale, zero, 0, 255),
         "fq torch native forward + backward":
@@ -136,6 +147,8 @@ def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
             lambda: tt.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME"),
         "dw tfgrad.torch forward + backward":
             lambda: tt.depthwise_conv2d_native(xg, wg, [1, 1, 1, 1], "SAME").sum().backward(),
+        "dw operator (dispatcher, no grad)": under_no_grad(
+            lambda: OPERATORS["DepthwiseConv2dNative"](x, w, [1, 1, 1, 1], "SAME")),
         "dw torch native forward":
             lambda: F.conv2d(xc, wc, padding=1, groups=2),
         "dw torch native forward + backward":
@@ -157,6 +170,8 @@ def tiny_calls(n: int, rounds: int) -> tuple[dict, dict]:
             (1, f"{f} raw_ops"), (-1, f"{f} kernel forward"))
         over[f"{f} tfgrad.torch forward over the kernel"] = paired(
             (1, f"{f} tfgrad.torch forward"), (-1, f"{f} kernel forward"))
+        over[f"{f} operator (dispatcher) over the kernel"] = paired(
+            (1, f"{f} operator (dispatcher, no grad)"), (-1, f"{f} kernel forward"))
         over[f"{f} tfgrad.torch forward + backward over the kernels and the floor"] = paired(
             (1, f"{f} tfgrad.torch forward + backward"), (-1, f"{f} kernel forward"),
             (-1, grads), (-1, floor))

@@ -283,6 +283,38 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
             return tuple(outs)
         return finish(a, arguments, key)
 
+    def operator_cpu(a: dict[str, Any]) -> Any:
+        """The operator's CPU kernel (``a``: every argument by schema name, grad mode
+        off below the autograd key): C-contiguous fresh outputs, as the fake
+        implementations declare."""
+        arguments = dict(a)
+        for n, allowed in tensor_inputs:
+            t = a[n]
+            if type(t) not in _PLAIN or t.layout is not _STRIDED or t.dtype not in allowed:
+                return FALLBACK
+            arguments[n] = _array(t)
+        if seeds:
+            t = arguments.pop("seeds")
+            if t is not None:
+                if type(t) not in _PLAIN or t.layout is not _STRIDED:
+                    return FALLBACK
+                arguments.update(_seed_attrs(a))
+        key = _api.signature(op, arguments)
+        if key is None:
+            return FALLBACK
+        out = _api.run(op, arguments, key)
+        if n_out == 1:
+            if type(out) is np.ndarray and out.base is None and out.flags.owndata \
+                    and out.flags.c_contiguous and out.dtype != _BF16:
+                return torch.from_numpy(out)
+            out = (out,)
+        arrays = [np.asarray(o, order="C") for o in out]
+        outs = tuple(_tensor(o) for o in arrays)
+        if not _owned(arrays):
+            outs = _fresh(outs, [a[n] for n in tensor_names])
+        return outs if n_out > 1 else outs[0]
+
+    _ops.OPERATOR_CPU[op.name] = operator_cpu
     return call
 
 
