@@ -1,12 +1,12 @@
 """TF's ``Min`` / ``Max`` reductions on float32 (Eigen, AVX2), as tfmot's range quantizers
 call them: over every axis (a per-tensor range) and over every axis but the last (per
-channel). Only a tie between +0 and -0 and a NaN's bits can differ from NumPy's min / max;
-which zero or which NaN TF returns follows from Eigen's order (docs/qat.md, "The batch
-ranges"):
+channel). Without denormals, only a tie between +0 and -0 and a NaN's bits can differ
+from NumPy's min / max; which zero or which NaN TF returns follows from Eigen's order
+(docs/qat.md):
 
 - TF's reducers propagate NaN (``MinReducer<float, PropagateNaN>``); Eigen's packet op
-  ``op(a, b)`` returns a NaN ``a``, else ``b`` on a tie (``_mm256_min_ps(b, a)``); its
-  scalar op returns a NaN ``a``, else a NaN ``b``, else ``a`` on a tie.
+  ``op(acc, p)`` returns a NaN ``acc``, else ``p`` on a tie (a NaN ``p`` too); its scalar
+  op ``op(t, acc)`` returns a NaN ``t``, else a NaN ``acc``, else ``t`` on a tie.
 - A full reduction runs in shards (Eigen's cost model on TF's intra-op threads), each one
   with four packet accumulators from 32 values on, the rest of the packets into the
   first, a scalar tail, the lanes combined in the order 0, 4, 2, 6, 1, 5, 3, 7; the shards
@@ -14,7 +14,9 @@ ranges"):
   accumulate rows as four interleaved sets (from 16 rows on), the others row by row.
 
 The NumPy model here is TF's reference, checked bit for bit against TF live
-(tests/test_tf_minmax.py); it runs only where the result is a zero or a NaN.
+(tests/test_tf_minmax.py); it runs only where the result is a zero or a NaN. Not
+modelled: denormal inputs, which TF flushes on some of these paths and not on others
+(its min of [1e-40, 1] is +0, of 40 twos then -1e-40 is -1e-40; docs/qat.md).
 """
 
 from __future__ import annotations
