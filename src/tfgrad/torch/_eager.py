@@ -144,8 +144,12 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
     diff_outputs = set(_gradients.differentiable_outputs(op.name)) if direct else set()
     nodes: dict[tuple, _Node] = {}
 
-    def finish(inputs: dict[str, Any], arguments: dict[str, Any], key: tuple) -> Any:
+    def finish(inputs: dict[str, Any], arguments: dict[str, Any], key: tuple,
+               contiguous: bool = False) -> Any:
         out = _api.run(op, arguments, key)
+        if contiguous:  # (the operator's outputs, as its fake implementation declares)
+            out = (np.asarray(out, order="C") if n_out == 1
+                   else tuple(np.asarray(o, order="C") for o in out))
         if n_out == 1:  # (_owned's test and _tensor for one array, inline)
             if (type(out) is np.ndarray and out.base is None and out.flags.owndata
                     and out.dtype != _BF16):
@@ -302,17 +306,7 @@ def _eager(op: OpDef) -> Callable[[dict[str, Any]], Any]:
         key = _api.signature(op, arguments)
         if key is None:
             return FALLBACK
-        out = _api.run(op, arguments, key)
-        if n_out == 1:
-            if type(out) is np.ndarray and out.base is None and out.flags.owndata \
-                    and out.flags.c_contiguous and out.dtype != _BF16:
-                return torch.from_numpy(out)
-            out = (out,)
-        arrays = [np.asarray(o, order="C") for o in out]
-        outs = tuple(_tensor(o) for o in arrays)
-        if not _owned(arrays):
-            outs = _fresh(outs, [a[n] for n in tensor_names])
-        return outs if n_out > 1 else outs[0]
+        return finish(a, arguments, key, contiguous=True)
 
     _ops.OPERATOR_CPU[op.name] = operator_cpu
     return call
