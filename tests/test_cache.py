@@ -58,6 +58,8 @@ def test_cached_kernels_close_over_plain_values_only():
     first use: all of them are built here, which compiles nothing)."""
     for v in depthwise_conv.VARIANTS:
         depthwise_conv.kernel(v)
+    import tfgrad.kernels.minmax  # noqa: F401  (the QAT batch ranges: no raw op imports it)
+
     plain = (bool, int, float, str, type(None))
     # (type(), not isinstance(): a dead weakref.proxy among the objects raises there)
     kernels = [d for d in gc.get_objects() if issubclass(type(d), CPUDispatcher)
@@ -69,7 +71,8 @@ def test_cached_kernels_close_over_plain_values_only():
                                         "depthwise_conv.backprop_filter", "fractional_pool",
                                         "_pool", "matmul", "conv2d", "reduction",
                                         "softmax_xent", "activation", "bias_add", "softmax",
-                                        "max_pool", "cwise", "avg_pool")} | {
+                                        "max_pool", "cwise", "avg_pool", "minmax",
+                                        "_simd")} | {
         "tfgrad._compile", "tfgrad._tf.mxcsr", "tfgrad._tf.rsqrt", "tfgrad._tf.rcp"}
     for d in kernels:
         cells = [c.cell_contents for c in d.py_func.__closure__ or ()]

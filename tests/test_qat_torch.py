@@ -335,6 +335,28 @@ def test_range_arithmetic_under_compile(kind: str, per_axis: bool) -> None:
         assert torch.equal(eager.min, compiled.min) and torch.equal(eager.max, compiled.max)
 
 
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_eager_batch_range_is_tfs_zero(per_axis: bool) -> None:
+    """In eager mode a quantizer's batch range takes TF's order where it decides, a +0 /
+    -0 tie (tfgrad._tf.minmax, pinned against TF in tests/test_tf_minmax.py)."""
+    from tfgrad._tf import minmax
+    from tfgrad.qat import Quantizer
+
+    spec = Quantizer("moving_average", 8, per_axis, False, False, "a", "b",
+                     (8,) if per_axis else (), (-6.0, 6.0))
+    q = tq.RangeQuantizer(spec)
+    rng = np.random.default_rng(3)
+    seen = set()
+    for _ in range(40):
+        x = np.where(rng.random((40, 8)) < rng.random(), -0.0, 0.0).astype(np.float32)
+        x[rng.random((40, 8)) < 0.05] = rng.choice([-1.0, 1.0])
+        got = [t.numpy() for t in q._batch_range(torch.from_numpy(x))]
+        for g, w in zip(got, minmax.batch_range(x, per_axis)):
+            assert np.array_equal(g.view(np.uint32), w.view(np.uint32))
+            seen.update(np.signbit(w).reshape(-1).tolist())
+    assert seen == {False, True}  # (both zeros came up)
+
+
 def _replica_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 

@@ -1,6 +1,7 @@
 """TF's Min / Max reductions as tfmot's range quantizers call them (tfgrad._tf.minmax):
 which zero of a +0 / -0 tie and which NaN TF returns, against TF live; NumPy's min / max
-everywhere else."""
+everywhere else. The quantizers' compiled pass (tfgrad.qat._exec.batch_range) gives the
+model's bits, and leaves to it only what the order decides."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from tfgrad._config import tf_intra_op_threads
 from tfgrad._tf import minmax
+from tfgrad.qat import _exec
 from tfgrad.testing import oracle
 
 F32 = np.float32
@@ -87,8 +89,78 @@ def test_batch_ranges_are_tfs_bits():
                     x = _case(rng, shape, is_max, kind)
                     want = (tf.math.reduce_max if is_max else tf.math.reduce_min)(
                         x, axis=axes).numpy()
-                    got = minmax.batch_range(x, per_axis)[int(is_max)]
-                    assert np.array_equal(bits(got).reshape(-1), bits(want).reshape(-1)), (
-                        shape, per_axis, kind, is_max)
+                    for f in (minmax.batch_range, _exec.batch_range):
+                        got = f(x, per_axis)[int(is_max)]
+                        assert np.array_equal(bits(got).reshape(-1),
+                                              bits(want).reshape(-1)), (
+                            f.__module__, shape, per_axis, kind, is_max)
                     checked += 1
     assert checked > 900
+
+
+def _mixed(rng, shape, kind):
+    n = int(np.prod(shape))
+    if kind == 0:
+        x = rng.standard_normal(n)
+    elif kind == 1:  # +0 / -0 only
+        x = np.where(rng.random(n) < rng.random(), -0.0, 0.0)
+    elif kind == 2:  # zeros and infinities among ones
+        x = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf]), n)
+    elif kind == 3:  # a ReLU's output: +0 the minimum
+        x = np.maximum(rng.standard_normal(n), 0.0)
+    else:  # NaNs of either sign among zeros and ones
+        x = rng.choice(np.array([0.0, -0.0, 1.0, -1.0]), n)
+        for j in range(int(rng.integers(0, 3)) if n else 0):
+            x[rng.integers(n)] = _nan(j, rng.random() < 0.5)
+    return np.asarray(x, F32).reshape(shape)
+
+
+def test_compiled_ranges_are_the_models_bits():
+    """Every shape path of the quantizers' batch range (per tensor, per channel with the
+    four-row passes and their remainder, one channel, one row, rank 1 and 0, empty) on
+    values where the order decides and where it does not: the model's bits, dtypes and
+    shapes."""
+    rng = np.random.default_rng(5)
+    shapes = [(), (1,), (7,), (40,), (0,), (2, 1), (5, 3), (4, 8), (33, 8), (100, 17),
+              (1, 6), (3, 3, 16, 1), (32, 2, 2, 144), (8, 1, 1, 33), (0, 4)]
+    for shape in shapes:
+        for kind in range(5):
+            for _ in range(8):
+                x = _mixed(rng, shape, kind)
+                for per_axis in (False, True):
+                    if x.size == 0 and not (per_axis and x.ndim < 2):
+                        continue  # (NumPy's min of nothing raises in the model too)
+                    want = minmax.batch_range(x, per_axis)
+                    got = _exec.batch_range(x, per_axis)
+                    for g, w in zip(got, want):
+                        assert type(g) is np.ndarray and type(w) is np.ndarray
+                        assert g.dtype == w.dtype and g.shape == w.shape, (shape, per_axis)
+                        assert np.array_equal(bits(g), bits(w)), (shape, per_axis, kind, x)
+    # a strided input (a channel-first view), read as its values
+    x = _mixed(rng, (4, 6, 10), 2).transpose(2, 0, 1)
+    for per_axis in (False, True):
+        for g, w in zip(_exec.batch_range(x, per_axis), minmax.batch_range(x, per_axis)):
+            assert np.array_equal(bits(g), bits(w))
+
+
+def test_compiled_ranges_ask_the_model_only_where_the_order_decides(monkeypatch):
+    """A ReLU's output (+0 its minimum, no -0) and values without zeros or NaNs are decided
+    by the compiled pass; a +0 / -0 tie or a NaN goes to the model."""
+    rng = np.random.default_rng(6)
+    calls = []
+    real = (minmax.batch_range, minmax.reduce_rows)
+    monkeypatch.setattr(minmax, "batch_range", lambda *a: calls.append(a) or real[0](*a))
+    monkeypatch.setattr(minmax, "reduce_rows", lambda *a: calls.append(a) or real[1](*a))
+    for shape in [(32, 4, 4, 24), (9, 16), (3, 3, 8, 1)]:
+        for per_axis in (False, True):
+            _exec.batch_range(np.maximum(rng.standard_normal(shape), 0).astype(F32), per_axis)
+            _exec.batch_range(rng.standard_normal(shape).astype(F32), per_axis)
+    assert calls == []
+    x = np.zeros((32, 8), F32)
+    x[3, 2], x[7, 2] = -0.0, 1.0
+    lo, hi = _exec.batch_range(x, True)  # the minimum of channel 2 is a tie, not its max
+    assert len(calls) == 1 and bits(lo)[2] == bits(real[1](x, False))[2]
+    x = rng.standard_normal((32, 8)).astype(F32)
+    x[5, 1] = np.nan
+    _exec.batch_range(x, False)
+    assert len(calls) == 2

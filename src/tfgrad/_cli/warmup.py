@@ -155,6 +155,20 @@ def warm_family(family: str, ops: list[str] | None, small: bool, impl: str,
     return len(todo), lines, failed
 
 
+def warm_qat(quiet: bool) -> None:
+    """The kernels of tfgrad.qat's quantizers that no raw op runs: the batch ranges
+    (``tfgrad.qat._exec.batch_range``, per tensor and per channel)."""
+    from ..qat import _exec
+
+    t0 = time.perf_counter()
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    for per_axis in (False, True):
+        _exec.batch_range(x, per_axis)
+    if not quiet:
+        print(f"{'(tfgrad.qat)':<44} {'batch ranges':<56} "
+              f"{time.perf_counter() - t0:7.2f} s  ok", flush=True)
+
+
 def units(families: list[str], ops: list[str] | None) -> list[tuple[str, list[str] | None]]:
     """What ``--jobs`` hands its processes: (family, its ops or None for all of them), a
     family split by its ``WARMUP_GROUPS`` (ops whose kernels share no compiled function)."""
@@ -202,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     n_calls, failed = 0, []
     t_all = time.perf_counter()
     todo = units(families, ops)
+    qat = impl == "kernel" and not args.family and not ops  # (the whole library only)
     jobs = default_jobs() if args.jobs is None else args.jobs
     if jobs < 1:
         raise CLIError(f"--jobs must be at least 1, not {jobs}")
@@ -219,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
                 min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(warm_family, f, unit_ops, small, impl, args.quiet, False)
                        for f, unit_ops in todo]
+            if qat:  # (meanwhile, here: functions no family's process compiles)
+                warm_qat(args.quiet)
             for fut in concurrent.futures.as_completed(futures):
                 n, lines, fails = fut.result()
                 n_calls += n
@@ -230,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
             n, _, fails = warm_family(f, ops, small, impl, args.quiet)
             n_calls += n
             failed += fails
+        if qat:
+            warm_qat(args.quiet)
     total = time.perf_counter() - t_all
     print(f"warmup: {n_calls} calls in {total:.1f} s ({impl}); {len(failed)} failed")
     if not args.reference:

@@ -25,15 +25,25 @@ def _consts(fmt: Format) -> tuple:
 # (the kernels' constants per float type, made once: NumPy scalars cost ~0.4 us apiece)
 _FORWARD = {n: (*_consts(f), f.uint(f.six)) for n, f in FORMATS.items()}
 _BACKWARD = {n: (*_consts(f), f.uint(f.quiet), f.uint(f.six)) for n, f in FORMATS.items()}
+_BY_DTYPE: dict[np.dtype, tuple[Format, tuple, tuple]] = {}
+
+
+def _format(dt: np.dtype) -> tuple[Format, tuple, tuple]:
+    """(format, forward constants, backward constants) of a float type, by dtype: its
+    ``.name`` is a Python property that costs microseconds a call."""
+    hit = _BY_DTYPE.get(dt)
+    if hit is None:
+        n = dt.name
+        hit = _BY_DTYPE[dt] = (FORMATS[n], _FORWARD[n], _BACKWARD[n])
+    return hit
 
 
 def forward(x: np.ndarray, relu6: bool) -> np.ndarray:
-    fmt = FORMATS[x.dtype.name]
+    fmt, consts, _ = _format(x.dtype)
     out = np.empty(x.shape, x.dtype)
     u, o = _bits(x, fmt), out.reshape(-1).view(fmt.uint)
     n = u.size
     end, body, first, tail = kinds(n, fmt, relu6)
-    consts = _FORWARD[x.dtype.name]
     if end:
         launch(_FAMILY, k.forward(body, relu6, fmt.daz), end, u[:end], o[:end], *consts,
                units=-(-end // k.CHUNK))
@@ -45,12 +55,11 @@ def forward(x: np.ndarray, relu6: bool) -> np.ndarray:
 
 
 def backward(g: np.ndarray, f: np.ndarray, relu6: bool) -> np.ndarray:
-    fmt = FORMATS[f.dtype.name]
+    fmt, _, consts = _format(f.dtype)
     out = np.empty(f.shape, f.dtype)
     gu, fu, o = _bits(g, fmt), _bits(f, fmt), out.reshape(-1).view(fmt.uint)
     n = fu.size
     end = n - n % fmt.packet if fmt.packet else n
-    consts = _BACKWARD[f.dtype.name]
     if end:
         launch(_FAMILY, k.backward(fmt.body_nan, relu6, fmt.daz), end, gu[:end], fu[:end],
                o[:end], *consts, units=-(-end // k.CHUNK))

@@ -81,7 +81,7 @@ def quantize(x: np.ndarray, p: Any, divide: bool) -> np.ndarray:
         if out.size:
             launch(_FAMILY, k.quantize_channels, x.size, _as_rows(x, d), p.nmin, p.nmax,
                    p.scale, p.inv, p.qz, out.reshape(-1, d))
-    for c in np.flatnonzero(p.zero):  # min == max == 0: zeros
+    for c in p.zero_channels:  # min == max == 0: zeros
         out[..., c] = 0
     return out
 
@@ -128,7 +128,7 @@ def gradient(g: np.ndarray, x: np.ndarray, p: Any, cost: float
             tasks = (plan[1].size - 1) * -(-d // plan[3])  # subtrees x channel blocks
             launch(_FAMILY, k.gradient_channels, x.size, _as_rows(g, d), _as_rows(x, d),
                    p.nmin, p.nmax, *plan, dx.reshape(-1, d), dmin, dmax, units=tasks)
-    for c in np.flatnonzero(p.zero):  # min == max == 0: pass through
+    for c in p.zero_channels:  # min == max == 0: pass through
         dx[..., c] = g[..., c]
         dmin[c] = dmax[c] = 0
     return dx, dmin, dmax

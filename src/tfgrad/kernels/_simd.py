@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .._compile import inline
+from .._compile import inline, jit
 
 
 class Vec(types.Type):
@@ -421,11 +421,16 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]  # (a.ctypes would build a ctypes object)
 
 
+@jit
+def _bytes_address(a):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    return a.ctypes.data  # (a compiled call: ~0.25 us, against ~1.5 for _address)
+
+
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-contiguous array on a 64-byte boundary (vstore_nt needs it)."""
     nbytes = math.prod(shape) * dtype.itemsize
     buf = np.empty(nbytes + 64, np.uint8)
-    off = -_address(buf) % 64
+    off = -_bytes_address(buf) % 64
     return buf[off:off + nbytes].view(dtype).reshape(shape)
 
 

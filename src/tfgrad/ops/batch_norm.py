@@ -13,6 +13,7 @@ kernels run through ``tfgrad.dispatch.batch_norm``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,15 @@ def colsum_eigen(a: np.ndarray) -> np.ndarray:
             s = s + a[j, :k]
         out[:k] = s
     return out
+
+
+@cache
+def _dispatch() -> Any:
+    """``tfgrad.dispatch.batch_norm``, imported on first use (an import statement in the
+    functions costs microseconds a call)."""
+    from ..dispatch import batch_norm
+
+    return batch_norm
 
 
 def eigen_rsqrt(v: np.ndarray, tile: int = 0) -> np.ndarray:
@@ -259,9 +269,7 @@ def _forward_checked(version: int, x: np.ndarray, scale: np.ndarray, offset: np.
                                                    epsilon, exponential_avg_factor,
                                                    channel_last, is_training)
         else:
-            from ..dispatch import batch_norm as D
-
-            y, bm, bv, sm, sv = D.forward(x, scale, offset, mean, variance, epsilon,
+            y, bm, bv, sm, sv = _dispatch().forward(x, scale, offset, mean, variance, epsilon,
                                           exponential_avg_factor, channel_last, is_training)
     return (y, bm.copy(), bv.copy(), sm.copy(), sv.copy()) + extra
 
@@ -328,8 +336,7 @@ def _grad_checked(y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
 
     plan = None
     if not _config.use_reference():
-        from ..dispatch import batch_norm as D
-
+        D = _dispatch()
         plan = D.grad_plan(x, channel_last)
     if plan is None:  # the reference, or a split the kernels do not reproduce
         dx, sb, ob = _reference_grad(y_backprop, x, scale, mean, var, epsilon, channel_last,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,11 @@ class Nudged:
     """floor(-nmin * inv + 0.5): the grid index of 0.0."""
     zero: np.ndarray
     """Where min == max == 0 (Vars/PerChannel output zeros and pass gradients through)."""
+
+    @cached_property
+    def zero_channels(self) -> tuple[int, ...]:
+        """The indices where ``zero`` (computed once: the nudge is cached per range)."""
+        return tuple(int(c) for c in np.flatnonzero(self.zero))
 
     def as_channel(self) -> Nudged:
         """A one-range Nudged as a single channel (shape [1])."""

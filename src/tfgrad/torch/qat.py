@@ -100,8 +100,15 @@ class RangeQuantizer(nn.Module):
 
     def _batch_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """reduce_min / reduce_max over all axes, or per axis over all but the last
-        (tfmot's [0] for rank 2, [0, 1, 2] for rank 4); one pass for both."""
+        (tfmot's [0] for rank 2, [0, 1, 2] for rank 4); one pass for both. Eager on a
+        plain CPU tensor: TF's bits (``_exec.batch_range``: which zero of a +0 / -0 tie,
+        which NaN); in a graph, torch's aminmax (the same values)."""
         x = x.detach()
+        if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cpu
+                and x.dtype == torch.float32 and x.layout is torch.strided
+                and not x.is_neg() and plain_eager()):
+            lo, hi = _exec.batch_range(x.numpy(), self.spec.per_axis)
+            return torch.from_numpy(lo), torch.from_numpy(hi)
         if self.spec.per_axis:
             if x.dim() < 2:
                 return x, x
@@ -405,18 +412,6 @@ def _pool(x: torch.Tensor, cfg: Any, is_max: bool, exact: bool = False) -> torch
     return y.permute(0, 2, 3, 1)
 
 
-def _minmax(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
-    """RangeQuantizer._batch_range on a NumPy array (torch's aminmax: the same zeros)."""
-    t = torch.from_numpy(x)
-    if per_axis:
-        if t.dim() < 2:
-            return x, x
-        lo, hi = torch.aminmax(t.reshape(-1, t.shape[-1]), dim=0)
-    else:
-        lo, hi = torch.aminmax(t)
-    return lo.numpy(), hi.numpy()
-
-
 def _replica_mean_np(v: np.ndarray) -> np.ndarray:
     return _replica_mean(torch.from_numpy(np.array(v, np.float32))).numpy()
 
@@ -589,7 +584,7 @@ class KerasModel(nn.Module):
 
         def run(_: Any) -> tuple[list[torch.Tensor], Any, list[int], list]:
             outs, tape, leaves, slots = program.forward(
-                xs, state, grad, need, _minmax,
+                xs, state, grad, need, _exec.batch_range,
                 _replica_mean_np if _distributed() else None)
             tensors = []
             for o in outs:
