@@ -53,8 +53,11 @@ for op, label, make in calls:
         report.append([op, label, compiled[before:]])
 from tfgrad.qat import _exec  # (the quantizers' batch ranges: no raw op runs them)
 before = len(compiled)
-for per_axis in (False, True):
-    _exec.batch_range(np.ones((6, 5), np.float32), per_axis)
+fixed = np.ones((6, 5), np.float32)
+fixed.flags.writeable = False  # (as JAX hands its arrays over)
+for a in (np.ones((6, 5), np.float32), fixed):
+    for per_axis in (False, True):
+        _exec.batch_range(a, per_axis)
 if len(compiled) > before:
     report.append(["tfgrad.qat", "batch ranges", compiled[before:]])
 print(json.dumps({"calls": len(calls), "compiled": report}))

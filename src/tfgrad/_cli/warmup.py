@@ -162,8 +162,11 @@ def warm_qat(quiet: bool) -> None:
 
     t0 = time.perf_counter()
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
-    for per_axis in (False, True):
-        _exec.batch_range(x, per_axis)
+    fixed = x.copy()
+    fixed.flags.writeable = False  # (JAX's arrays: Numba compiles read-only ones apart)
+    for a in (x, fixed):
+        for per_axis in (False, True):
+            _exec.batch_range(a, per_axis)
     if not quiet:
         print(f"{'(tfgrad.qat)':<44} {'batch ranges':<56} "
               f"{time.perf_counter() - t0:7.2f} s  ok", flush=True)
