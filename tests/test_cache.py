@@ -72,6 +72,7 @@ def test_cached_kernels_close_over_plain_values_only():
                                         "_pool", "matmul", "conv2d", "reduction",
                                         "softmax_xent", "activation", "bias_add", "softmax",
                                         "max_pool", "cwise", "avg_pool", "minmax",
+                                        "batch_norm_vectors",
                                         "_simd")} | {
         "tfgrad._compile", "tfgrad._tf.mxcsr", "tfgrad._tf.rsqrt", "tfgrad._tf.rcp"}
     for d in kernels:

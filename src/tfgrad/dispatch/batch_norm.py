@@ -18,6 +18,7 @@ from .._tf.eigen import redux_plan
 from .._tf.rsqrt import GRAD_DX_TILE, GRAD_SCALE_TILE, eigen_rsqrt
 from ..kernels import batch_norm as kf
 from ..kernels import batch_norm_grad as kg
+from ..kernels import batch_norm_vectors as kv
 from ..kernels._simd import STREAM_MIN_BYTES, aligned_empty
 from ..kernels.batch_norm_common import ROWS_VEC, SLOT, VEC_BLOCK, L
 
@@ -46,13 +47,6 @@ def _f32_flat(a: np.ndarray) -> np.ndarray:
 def _vec(a: np.ndarray) -> np.ndarray:
     """A fresh writable float32 copy of a [C] vector: one compiled specialization."""
     return np.array(a, _F32).reshape(-1)
-
-
-def _padded(a: np.ndarray) -> np.ndarray:
-    """A float32 copy of a [C] vector with 4 * L zeros after it (whole-vector loads)."""
-    out = np.zeros(a.size + 4 * L, _F32)
-    out[: a.size] = a
-    return out
 
 
 def _streams(out: np.ndarray) -> bool:
@@ -89,18 +83,19 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
     if vec:
         if is_training:
             cb = _channel_block(C, VEC_BLOCK)
-            mp, vp = _padded(m), _padded(v)
-            _run(kf.stats_nhwc_vec, xf, -(-C // cb), xf, R, C, cb, mp, vp)
-            m[:], v[:] = mp[:C], vp[:C]
-        sf = eigen_rsqrt(v + _F32(eps)) * args[0]
-        mp = _padded(m)
-        _rows_vec(False, xf, xf, xf, R, C, mp, _padded(sf), _padded(args[1]), mp, yf)
+            mv = np.zeros((2, C + 4 * L), _F32)  # (whole-vector stores)
+            _run(kf.stats_nhwc_vec, xf, -(-C // cb), xf, R, C, cb, mv[0], mv[1])
+            m, v = mv[0, :C], mv[1, :C]
+        pads = np.zeros((3, C + 4 * L), _F32)  # mean, scale factor, offset: zero slack
+        kv.fwd_vectors(m, v, args[0], args[1], _F32(eps), pads)
+        _rows_vec(False, xf, xf, xf, R, C, pads[0], pads[1], pads[2], pads[0], yf)
     elif channel_last:
         cb = _channel_block(C)
         if is_training:
             _run(kf.stats_nhwc, xf, -(-C // cb), xf, R, C, cb, m, v)
-        sf = eigen_rsqrt(v + _F32(eps)) * args[0]
-        _run(kf.affine_rows, xf, R, xf, R, C, m, sf, args[1], yf)
+        pads = np.empty((3, C), _F32)  # mean, scale factor, offset
+        kv.fwd_vectors(m, v, args[0], args[1], _F32(eps), pads)
+        _run(kf.affine_rows, xf, R, xf, R, C, pads[0], pads[1], pads[2], yf)
     else:
         _run(kf.fwd_nchw, xf, -(-C // 8), xf, N, C, S, *args, _streams(yf))
     y = yf.reshape(x.shape)
@@ -108,14 +103,9 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
         y = y.astype(x.dtype)  # float16 overflows to inf, as TF's cast
     if not is_training:
         return y, m, v, m, v
-    adj = _F32(R) / _F32(max(R - 1, 1))  # Bessel's correction
-    f = _F32(factor)
-    if f == _F32(1):
-        return y, m, v * adj, m, v
-    om = _F32(1) - f
-    bm = om * _f32_flat(mean) + f * m
-    bv = om * _f32_flat(variance) + (f * adj) * v
-    return y, bm, bv, m, v
+    run = np.empty((2, C), _F32)  # (Bessel's correction, the running average)
+    kv.running_stats(m, v, _vec(mean), _vec(variance), factor, R, run)
+    return y, run[0], run[1], m, v
 
 
 def grad_plan(x: np.ndarray, channel_last: bool) -> tuple[int, bool, bool] | None:
@@ -140,55 +130,56 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     N, C, S = _layout(x, channel_last)
     R = N * S
     row_block, zb, za = plan[0], bool(plan[1]), bool(plan[2])
-    a = _vec(var) + _F32(eps)
-    if is_training:
-        c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
-        c0d = eigen_rsqrt(a, GRAD_DX_TILE)
-    else:
-        c0s = c0d = eigen_rsqrt(a)  # evaluated once, as a [C] vector
     dyf = _f32_flat(dy)
     xf = _f32_flat(x)
-    vec = channel_last and C % L == 0
     dxf = aligned_empty((xf.size,), np.dtype(_F32))
     sb = np.empty(C, _F32)
     ob = np.empty(C, _F32)
-    args = (_vec(scale), _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob)
     if not channel_last:
-        _run(kg.grad_nchw, xf, -(-C // 8), dyf, xf, N, C, S, row_block, zb, za, *args,
-             _streams(dxf))
-    else:
+        a = _vec(var) + _F32(eps)
+        if is_training:
+            c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
+            c0d = eigen_rsqrt(a, GRAD_DX_TILE)
+        else:
+            c0s = c0d = eigen_rsqrt(a)  # evaluated once, as a [C] vector
+        _run(kg.grad_nchw, xf, -(-C // 8), dyf, xf, N, C, S, row_block, zb, za, _vec(scale),
+             _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob, _streams(dxf))
+    else:  # NHWC: the [C] arithmetic around the passes compiled (kernels.batch_norm_vectors)
+        vec = C % L == 0
+        slack = 4 * L if vec else 0  # (the vector kernels load whole vectors: zeros)
+        pre = np.zeros((2, C + slack), _F32)  # mean, the sums' factor
+        c0d = np.empty(C, _F32)
+        whole = max(C, 1)  # (frozen statistics: one rsqrt of the whole vector)
+        tiles = (GRAD_SCALE_TILE, GRAD_DX_TILE) if is_training else (whole, whole)
+        sc = _vec(scale)
+        kv.grad_prologue(_vec(var), _vec(mean), sc, _F32(eps), bool(is_training), *tiles,
+                         pre, c0d)
         if vec:
             cb = _channel_block(C, VEC_BLOCK)
-            sp = np.empty((3, C + 4 * L), _F32)
+            sums = np.empty((3, C + slack), _F32)
             # with frozen statistics dx = dy * (rsqrt(var + eps) * scale) in this pass
-            kc = c0s if is_training else c0d * args[0]
-            _run(kg.grad_sums_nhwc_vec, xf, -(-C // cb), dyf, xf, R, C, cb, row_block, zb, za,
-                 _padded(args[1]), _padded(kc), bool(is_training), sp.reshape(-1), dxf,
+            _run(kg.grad_sums_nhwc_vec, xf, -(-C // cb), dyf, xf, R, C, cb, row_block, zb,
+                 za, pre[0], pre[1], bool(is_training), sums.reshape(-1), dxf,
                  not is_training and _streams(dxf))
-            sums = sp[:, :C]
         else:
-            sums = np.empty((3, C), _F32)
             cb = _channel_block(C)
+            sums = np.empty((3, C), _F32)
             _run(kg.grad_sums_nhwc, xf, -(-C // cb), dyf, xf, R, C, cb, row_block, zb, za,
-                 args[1], c0s, bool(is_training), sums)
-        ob[:] = sums[1]
-        # the same float32 operations as grad_nchw
+                 pre[0], pre[1] if is_training else c0d, bool(is_training), sums)
         if is_training:
-            sb[:] = sums[0]
-            f1 = args[0] * c0d  # TF's coef1
-            f2 = (c0d * c0d) * (sums[2] / _F32(R))  # coef2
-            f3 = sums[1] * (_F32(1) / _F32(R))  # mean of y_backprop
+            post = np.zeros((3, C + slack), _F32)  # coef1, coef2, the mean of dy
+            kv.grad_epilogue(sums, c0d, sc, R, sb, ob, post)
+            if vec:
+                _rows_vec(True, xf, dyf, xf, R, C, post[0], post[1], post[2], pre[0], dxf)
+            else:
+                _run(kg.dx_rows, xf, R, dyf, xf, R, C, post[0], post[1], post[2], pre[0],
+                     True, dxf)
         else:
-            sb[:] = sums[2] * c0d
-            f1 = c0d * args[0]
-            f2 = f3 = f1
-        if vec:
-            if is_training:
-                _rows_vec(True, xf, dyf, xf, R, C, _padded(f1), _padded(f2), _padded(f3),
-                          _padded(args[1]), dxf)
-        else:
-            _run(kg.dx_rows, xf, R, dyf, xf, R, C, f1, f2, f3, args[1], bool(is_training),
-                 dxf)
+            sb[:] = sums[2, :C] * c0d
+            ob[:] = sums[1, :C]
+            if not vec:  # (the vector sums wrote dx already)
+                f1 = c0d * sc
+                _run(kg.dx_rows, xf, R, dyf, xf, R, C, f1, f1, f1, pre[0], False, dxf)
     dx = dxf.reshape(x.shape)
     if x.dtype != _F32:
         dx = dx.astype(x.dtype)

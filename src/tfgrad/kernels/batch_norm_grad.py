@@ -237,8 +237,8 @@ def grad_nchw(dy: np.ndarray, x: np.ndarray, N: int, C: int, S: int, rb: int,
 
 @inline
 def _load4(a, i):  # type: ignore[no-untyped-def]
-    """Four vectors from a[i:]; a has 4 * L slack entries past its end
-    (``tfgrad.dispatch.batch_norm._padded``)."""
+    """Four vectors from a[i:]; a has 4 * L slack entries past its end (zeros:
+    ``tfgrad.dispatch.batch_norm``'s [C] rows)."""
     return (vload(a, uint64(i)), vload(a, uint64(i + L)), vload(a, uint64(i + 2 * L)),
             vload(a, uint64(i + 3 * L)))
 
