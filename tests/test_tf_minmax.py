@@ -1,7 +1,7 @@
 """TF's Min / Max reductions as tfmot's range quantizers call them (tfgrad._tf.minmax):
 which zero of a +0 / -0 tie and which NaN TF returns, against TF live; NumPy's min / max
-everywhere else. The quantizers' compiled pass (tfgrad.qat._exec.batch_range) gives the
-model's bits, and leaves to it only what the order decides."""
+everywhere else. The quantizers' compiled pass (tfgrad.dispatch.minmax.batch_range) gives
+the model's bits, and leaves to it only what the order decides."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tfgrad._config import tf_intra_op_threads
 from tfgrad._tf import minmax
-from tfgrad.qat import _exec
+from tfgrad.dispatch import minmax as dminmax
 from tfgrad.testing import oracle
 
 F32 = np.float32
@@ -89,7 +89,7 @@ def test_batch_ranges_are_tfs_bits():
                     x = _case(rng, shape, is_max, kind)
                     want = (tf.math.reduce_max if is_max else tf.math.reduce_min)(
                         x, axis=axes).numpy()
-                    for f in (minmax.batch_range, _exec.batch_range):
+                    for f in (minmax.batch_range, dminmax.batch_range):
                         got = f(x, per_axis)[int(is_max)]
                         assert np.array_equal(bits(got).reshape(-1),
                                               bits(want).reshape(-1)), (
@@ -131,7 +131,7 @@ def test_compiled_ranges_are_the_models_bits():
                     if x.size == 0 and not (per_axis and x.ndim < 2):
                         continue  # (NumPy's min of nothing raises in the model too)
                     want = minmax.batch_range(x, per_axis)
-                    got = _exec.batch_range(x, per_axis)
+                    got = dminmax.batch_range(x, per_axis)
                     for g, w in zip(got, want):
                         assert type(g) is np.ndarray and type(w) is np.ndarray
                         assert g.dtype == w.dtype and g.shape == w.shape, (shape, per_axis)
@@ -139,7 +139,7 @@ def test_compiled_ranges_are_the_models_bits():
     # a strided input (a channel-first view), read as its values
     x = _mixed(rng, (4, 6, 10), 2).transpose(2, 0, 1)
     for per_axis in (False, True):
-        for g, w in zip(_exec.batch_range(x, per_axis), minmax.batch_range(x, per_axis)):
+        for g, w in zip(dminmax.batch_range(x, per_axis), minmax.batch_range(x, per_axis)):
             assert np.array_equal(bits(g), bits(w))
 
 
@@ -153,14 +153,14 @@ def test_compiled_ranges_ask_the_model_only_where_the_order_decides(monkeypatch)
     monkeypatch.setattr(minmax, "reduce_rows", lambda *a: calls.append(a) or real[1](*a))
     for shape in [(32, 4, 4, 24), (9, 16), (3, 3, 8, 1)]:
         for per_axis in (False, True):
-            _exec.batch_range(np.maximum(rng.standard_normal(shape), 0).astype(F32), per_axis)
-            _exec.batch_range(rng.standard_normal(shape).astype(F32), per_axis)
+            dminmax.batch_range(np.maximum(rng.standard_normal(shape), 0).astype(F32), per_axis)
+            dminmax.batch_range(rng.standard_normal(shape).astype(F32), per_axis)
     assert calls == []
     x = np.zeros((32, 8), F32)
     x[3, 2], x[7, 2] = -0.0, 1.0
-    lo, hi = _exec.batch_range(x, True)  # the minimum of channel 2 is a tie, not its max
+    lo, hi = dminmax.batch_range(x, True)  # the minimum of channel 2 is a tie, not its max
     assert len(calls) == 1 and bits(lo)[2] == bits(real[1](x, False))[2]
     x = rng.standard_normal((32, 8)).astype(F32)
     x[5, 1] = np.nan
-    _exec.batch_range(x, False)
+    dminmax.batch_range(x, False)
     assert len(calls) == 2

@@ -51,13 +51,13 @@ for op, label, make in calls:
     getattr(tfgrad.raw_ops, op)(**make())
     if len(compiled) > before:
         report.append([op, label, compiled[before:]])
-from tfgrad.qat import _exec  # (the quantizers' batch ranges: no raw op runs them)
+from tfgrad.dispatch.minmax import batch_range  # (the QAT ranges: no raw op runs them)
 before = len(compiled)
 fixed = np.ones((6, 5), np.float32)
 fixed.flags.writeable = False  # (as JAX hands its arrays over)
 for a in (np.ones((6, 5), np.float32), fixed):
     for per_axis in (False, True):
-        _exec.batch_range(a, per_axis)
+        batch_range(a, per_axis)
 if len(compiled) > before:
     report.append(["tfgrad.qat", "batch ranges", compiled[before:]])
 print(json.dumps({"calls": len(calls), "compiled": report}))

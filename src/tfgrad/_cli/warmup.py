@@ -157,8 +157,8 @@ def warm_family(family: str, ops: list[str] | None, small: bool, impl: str,
 
 def warm_qat(quiet: bool) -> None:
     """The kernels of tfgrad.qat's quantizers that no raw op runs: the batch ranges
-    (``tfgrad.qat._exec.batch_range``, per tensor and per channel)."""
-    from ..qat import _exec
+    (``tfgrad.dispatch.minmax.batch_range``, per tensor and per channel)."""
+    from ..dispatch.minmax import batch_range
 
     t0 = time.perf_counter()
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
@@ -166,7 +166,7 @@ def warm_qat(quiet: bool) -> None:
     fixed.flags.writeable = False  # (JAX's arrays: Numba compiles read-only ones apart)
     for a in (x, fixed):
         for per_axis in (False, True):
-            _exec.batch_range(a, per_axis)
+            batch_range(a, per_axis)
     if not quiet:
         print(f"{'(tfgrad.qat)':<44} {'batch ranges':<56} "
               f"{time.perf_counter() - t0:7.2f} s  ok", flush=True)

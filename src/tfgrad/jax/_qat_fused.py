@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..dispatch.minmax import batch_range
 from ..qat import Node, Plan, Quantizer, _exec
 from . import _choice, _exact
 
@@ -132,7 +133,8 @@ class Fused:
         state, _ = self._state(pkeys, skeys, [zeros(p) for p in ps], [zeros(s) for s in ss],
                                need_p, training)
         with np.errstate(all="ignore"):
-            return self.program.forward([zeros(x) for x in xs], state, grad, list(need_x))
+            return self.program.forward([zeros(x) for x in xs], state, grad, list(need_x),
+                                        batch_range)
 
     def spec(self, key: tuple, pkeys: list, skeys: list, xs: Sequence[Any],
              ps: Sequence[Any], ss: Sequence[Any], need_x: Sequence[bool],
@@ -162,7 +164,7 @@ class Fused:
             xa, pa, sa = arrays[:n_x], arrays[n_x:n_x + n_p], arrays[n_x + n_p:]
             st, fresh = fused._state(pkeys, skeys, pa, sa, need_p, training)
             outs, tape, _, _ = fused.program.forward(
-                [np.asarray(x) for x in xa], st, spec is not None, list(need_x))
+                [np.asarray(x) for x in xa], st, spec is not None, list(need_x), batch_range)
             res: list[np.ndarray] = []
             if spec is not None:
                 if (len(tape.values) != spec.n_values

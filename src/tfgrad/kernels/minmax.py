@@ -7,8 +7,9 @@ without fastmath, and return the extremes' bits. Alongside, the extremes without
 (for the minimum) and without a +0 (for the maximum) tell whether a zero extreme has
 the other zero beside it: then TF's choice between them follows its order, and so does
 a NaN's (TF returns an input NaN's bits), and the kernels say "undecided": the caller
-(``tfgrad.qat._exec.batch_range``) asks the NumPy model of TF's order. Everywhere else
-the extreme has one bit pattern, whatever the order. Serial: one pass at memory speed.
+(``tfgrad.dispatch.minmax.batch_range``) asks the NumPy model of TF's order. Everywhere
+else the extreme has one bit pattern, whatever the order. Serial: one pass at memory
+speed.
 """
 
 from __future__ import annotations

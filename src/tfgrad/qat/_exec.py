@@ -28,9 +28,7 @@ import numpy as np
 from .. import _api, _gradients
 from .._opdefs import OPS
 from .._opdefs._types import REQUIRED
-from .._tf import minmax as _minmax
 from .._tf.fpenv import flushed
-from ..kernels import minmax as _kminmax
 from ._plan import Node, Plan, Quantizer, _padding2d
 from ._ranges import RangeOps, updated_range
 
@@ -91,34 +89,15 @@ _DEFAULTS = {name: _defaults(name) for name in OPS}
 _NUMPY_OPS = RangeOps(np.minimum, np.maximum)
 
 
-def batch_range(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
-    """tfmot's batch range of ``x`` (reduce_min / reduce_max over all axes, or all but the
-    last) with TF's bits: one compiled pass (``kernels.minmax``), and TF's order
-    (``_tf.minmax``) where the order decides, a tie of +0 and -0 or a NaN. Other float
-    types: NumPy's min / max."""
-    if x.dtype != F32:
-        if per_axis:
-            if x.ndim < 2:
-                return x, x
-            r = x.reshape(-1, x.shape[-1])
-            return r.min(axis=0), r.max(axis=0)
-        return np.asarray(x.min()), np.asarray(x.max())
-    c = x.shape[-1] if per_axis and x.ndim >= 2 else 1
-    if x.size == 0 or (per_axis and (x.ndim < 2 or x.size == c)):
-        return _minmax.batch_range(x, per_axis)  # (empty, or nothing to reduce)
-    v = np.ascontiguousarray(x).view(np.int32)
-    if c == 1:  # (per tensor, or a single channel: a full reduction in TF)
-        lo, hi, ok = _kminmax.range_all(v.reshape(-1))
-        if not ok:
-            return _minmax.batch_range(x, per_axis)
-        pair = np.array([lo, hi], np.int32).view(F32)
-        return (pair[:1], pair[1:]) if per_axis else (pair[:1].reshape(()), pair[1:].reshape(()))
-    out = np.empty((4, c), np.int32)
-    lo_ok, hi_ok = _kminmax.range_rows(v.reshape(-1, c), out)
-    vals = out[:2].view(F32)
-    rows = v.reshape(-1, c).view(F32)
-    return (vals[0] if lo_ok else _minmax.reduce_rows(rows, False),
-            vals[1] if hi_ok else _minmax.reduce_rows(rows, True))
+def _numpy_minmax(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy's min / max (the default; the adapters pass TF's:
+    ``tfgrad.dispatch.minmax.batch_range``)."""
+    if per_axis:
+        if x.ndim < 2:
+            return x, x
+        r = x.reshape(-1, x.shape[-1])
+        return r.min(axis=0), r.max(axis=0)
+    return np.asarray(x.min()), np.asarray(x.max())
 
 
 @dataclass
@@ -323,7 +302,7 @@ class Program:
 
     def forward(self, inputs: Sequence[np.ndarray], state: State, grad: bool,
                 inputs_need_grad: Sequence[bool] = (),
-                minmax: MinMax = batch_range,
+                minmax: MinMax = _numpy_minmax,
                 replica_mean: Callable[[np.ndarray], np.ndarray] | None = None
                 ) -> tuple[list[np.ndarray], Tape, dict[tuple[str, str], int], list[int]]:
         """The model's outputs on ``inputs`` (ranges and statistics updated in ``state``

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import qat as _qat
+from ..dispatch.minmax import batch_range
 from ..qat import KerasFileError, Node, Plan, Quantizer, _exec
 from ..qat._ranges import RangeOps, updated_range
 from ._eager import plain_eager
@@ -101,13 +102,13 @@ class RangeQuantizer(nn.Module):
     def _batch_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """reduce_min / reduce_max over all axes, or per axis over all but the last
         (tfmot's [0] for rank 2, [0, 1, 2] for rank 4); one pass for both. Eager on a
-        plain CPU tensor: TF's bits (``_exec.batch_range``: which zero of a +0 / -0 tie,
-        which NaN); in a graph, torch's aminmax (the same values)."""
+        plain CPU tensor: TF's bits (``dispatch.minmax.batch_range``: which zero of a
+        +0 / -0 tie, which NaN); in a graph, torch's aminmax (the same values)."""
         x = x.detach()
         if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cpu
                 and x.dtype == torch.float32 and x.layout is torch.strided
                 and not x.is_neg() and plain_eager()):
-            lo, hi = _exec.batch_range(x.numpy(), self.spec.per_axis)
+            lo, hi = batch_range(x.numpy(), self.spec.per_axis)
             return torch.from_numpy(lo), torch.from_numpy(hi)
         if self.spec.per_axis:
             if x.dim() < 2:
@@ -584,7 +585,7 @@ class KerasModel(nn.Module):
 
         def run(_: Any) -> tuple[list[torch.Tensor], Any, list[int], list]:
             outs, tape, leaves, slots = program.forward(
-                xs, state, grad, need, _exec.batch_range,
+                xs, state, grad, need, batch_range,
                 _replica_mean_np if _distributed() else None)
             tensors = []
             for o in outs:
