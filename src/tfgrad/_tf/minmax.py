@@ -105,6 +105,17 @@ def reduce_rows(x: np.ndarray, is_max: bool) -> np.ndarray:
     return out
 
 
+def numpy_batch_range(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy's min / max over the same axes as :func:`batch_range` (its values; not TF's
+    zero or NaN where the order decides). A 1-D input per axis comes back unreduced."""
+    if per_axis:
+        if x.ndim < 2:
+            return x, x
+        r = x.reshape(-1, x.shape[-1])
+        return r.min(axis=0), r.max(axis=0)
+    return np.asarray(x.min()), np.asarray(x.max())
+
+
 def batch_range(x: np.ndarray, per_axis: bool, threads: int | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """tfmot's batch range of ``x``: ``reduce_min`` / ``reduce_max`` over every axis, or

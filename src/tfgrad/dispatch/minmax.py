@@ -18,12 +18,7 @@ def batch_range(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
     last) with TF's bits: one compiled pass, and TF's order where the order decides, a
     tie of +0 and -0 or a NaN. Other float types: NumPy's min / max."""
     if x.dtype != _F32:
-        if per_axis:
-            if x.ndim < 2:
-                return x, x
-            r = x.reshape(-1, x.shape[-1])
-            return r.min(axis=0), r.max(axis=0)
-        return np.asarray(x.min()), np.asarray(x.max())
+        return _minmax.numpy_batch_range(x, per_axis)
     c = x.shape[-1] if per_axis and x.ndim >= 2 else 1
     if x.size == 0 or (per_axis and (x.ndim < 2 or x.size == c)):
         return _minmax.batch_range(x, per_axis)  # (empty, or nothing to reduce)

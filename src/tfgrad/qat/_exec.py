@@ -29,6 +29,7 @@ from .. import _api, _gradients
 from .._opdefs import OPS
 from .._opdefs._types import REQUIRED
 from .._tf.fpenv import flushed
+from .._tf.minmax import numpy_batch_range  # (the adapters pass TF's bits: dispatch.minmax)
 from ._plan import Node, Plan, Quantizer, _padding2d
 from ._ranges import RangeOps, updated_range
 
@@ -87,17 +88,6 @@ _DEFAULTS = {name: _defaults(name) for name in OPS}
 
 
 _NUMPY_OPS = RangeOps(np.minimum, np.maximum)
-
-
-def _numpy_minmax(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy's min / max (the default; the adapters pass TF's:
-    ``tfgrad.dispatch.minmax.batch_range``)."""
-    if per_axis:
-        if x.ndim < 2:
-            return x, x
-        r = x.reshape(-1, x.shape[-1])
-        return r.min(axis=0), r.max(axis=0)
-    return np.asarray(x.min()), np.asarray(x.max())
 
 
 @dataclass
@@ -302,7 +292,7 @@ class Program:
 
     def forward(self, inputs: Sequence[np.ndarray], state: State, grad: bool,
                 inputs_need_grad: Sequence[bool] = (),
-                minmax: MinMax = _numpy_minmax,
+                minmax: MinMax = numpy_batch_range,
                 replica_mean: Callable[[np.ndarray], np.ndarray] | None = None
                 ) -> tuple[list[np.ndarray], Tape, dict[tuple[str, str], int], list[int]]:
         """The model's outputs on ``inputs`` (ranges and statistics updated in ``state``
