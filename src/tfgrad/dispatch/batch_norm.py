@@ -77,15 +77,16 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
     xf = _f32_flat(x)
     vec = channel_last and C % L == 0
     yf = aligned_empty((xf.size,), np.dtype(_F32))
-    m = np.empty(C, _F32) if is_training else _vec(mean)
-    v = np.empty(C, _F32) if is_training else _vec(variance)
+    if is_training:  # the batch's statistics, the kernels' output (slack: whole vectors)
+        mv = np.zeros((2, C + 4 * L), _F32)
+        m, v = mv[0, :C], mv[1, :C]
+    else:
+        m, v = _vec(mean), _vec(variance)
     args = (_vec(scale), _vec(offset), m, v, _F32(eps), bool(is_training), yf)
     if vec:
         if is_training:
             cb = _channel_block(C, VEC_BLOCK)
-            mv = np.zeros((2, C + 4 * L), _F32)  # (whole-vector stores)
             _run(kf.stats_nhwc_vec, xf, -(-C // cb), xf, R, C, cb, mv[0], mv[1])
-            m, v = mv[0, :C], mv[1, :C]
         pads = np.zeros((3, C + 4 * L), _F32)  # mean, scale factor, offset: zero slack
         kv.fwd_vectors(m, v, args[0], args[1], _F32(eps), pads)
         _rows_vec(False, xf, xf, xf, R, C, pads[0], pads[1], pads[2], pads[0], yf)
