@@ -154,3 +154,54 @@ def test_dropout_while_training_runs_layer_by_layer(tmp_path: object) -> None:
     with torch.no_grad():
         m(xt)
     assert calls == [1]
+
+
+def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of a signature seen before (the same shapes, strides, dtypes and flags) calls
+    the first step's prepared ops without computing each call's signature; a new batch
+    size, TFGRAD_MAX_BYTES set, or a trace that no longer fits run the plain way. The bits
+    are the layer-by-layer path's throughout."""
+    from tfgrad import _api
+
+    path = saved["depthwise_chain"]
+    k = models.load_tf(path)
+    (x4, x4b, x4c, x4d), (c4, c4b, c4c, c4d) = models.batches(k, 4, 4)
+    (x2,), (c2,) = models.batches(k, 1, 2, seed=3)
+    fused, layered = tq.load_keras(path).train(), tq.load_keras(path).train()
+    layered.fused = False
+    program = fused._program
+    assert program is not None
+    looked: list[str] = []
+    real = _api.signature
+    monkeypatch.setattr(_api, "signature", lambda op, a: looked.append(op.name) or real(op, a))
+
+    def step(x: np.ndarray, c: np.ndarray) -> int:
+        looked.clear()
+        got = []
+        for m in (fused, layered):
+            n = len(looked)
+            xt = torch.from_numpy(x.copy()).requires_grad_(True)
+            y = m(xt)
+            (y * torch.from_numpy(c)).sum().backward()
+            got.append([y.detach().numpy(), xt.grad.numpy(),
+                        *(p.grad.numpy().copy() for p in m.parameters()),
+                        *(v.numpy().copy() for v in m.state_dict().values())])
+            if m is fused:
+                plain = len(looked) - n
+            for p in m.parameters():
+                p.grad = None
+        for s, t in zip(*got):
+            assert np.array_equal(_bits(s), _bits(t))
+        return plain
+
+    assert step(x4, c4) > 0  # (the first of its signature: traced)
+    assert step(x4b, c4b) == 0  # replayed, forward and backward
+    assert step(x2, c2) > 0  # a new batch size: a new signature
+    assert step(x2[::-1].copy(), c2) == 0
+    monkeypatch.setenv("TFGRAD_MAX_BYTES", str(1 << 40))  # (checks that read it every call)
+    assert step(x4c, c4c) > 0
+    monkeypatch.delenv("TFGRAD_MAX_BYTES")
+    for traces in (program._traces, *program._backward_traces.values()):
+        for trace in traces.values():  # a trace that does not fit: its calls run plain
+            trace[len(trace) // 2] = ("Identity", None)
+    assert step(x4d, c4d) > 0

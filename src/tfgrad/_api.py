@@ -174,6 +174,27 @@ def signature(op: OpDef, arguments: dict[str, Any]) -> tuple | None:
     return _KEYS[op.name](arguments)
 
 
+def cached(key: tuple | None) -> tuple | None:
+    """The signature cache's entry for ``key`` (the rest of the op, its fixed arguments,
+    the names passed per call), where a call of that signature was cached."""
+    if key is None or _validate.max_bytes_set():
+        return None
+    return _CACHE.get(key)
+
+
+def run_cached(name: str, entry: tuple, arguments: dict[str, Any]) -> Any:
+    """Run op ``name``'s cached entry (:func:`cached`) on a call of its signature, as
+    :func:`run` would find and run it; the caller vouches for the signature."""
+    rest, fixed, passed = entry
+    kwargs = dict(fixed)
+    for n in passed:
+        kwargs[n] = arguments[n]
+    try:
+        return rest(kwargs)
+    except MemoryError as e:
+        raise ResourceLimitError(f"{name}: out of memory ({e})") from None
+
+
 def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
     if key is _NO:
         key = _KEYS[op.name](arguments)

@@ -137,10 +137,10 @@ def backprop_input(f: np.ndarray, g: np.ndarray, geo: Geometry, p: Plan, kind: s
             if kind == "smalln":
                 col = np.empty((a.shape[0], geo.F), F32)
                 launch(_FAMILY, k.smalln, col.size * geo.O, a, W, col, units=geo.F)
-            elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t over all of K = O,
-                col = np.zeros((e - s, geo.F), F32)  # image by image (its NumPy model:
-                for i in range(e - s):  # tfgrad._tf.conv2d.gemv_one)
-                    km.gemv_t(W, np.ascontiguousarray(a[i]), col[i], 0, geo.O)
+            elif kind == "gemv":  # one pixel per image: oneDNN's gemv_t over all of K = O
+                # for each image, in one call (its NumPy model: tfgrad._tf.conv2d.gemv_one)
+                col = np.zeros((e - s, geo.F), F32)
+                km.gemv_t(W, np.ascontiguousarray(a), col, 0, geo.O)
             else:
                 col = _contract(a, W, False, True, p, rows=(0, geo.P))
             if one:

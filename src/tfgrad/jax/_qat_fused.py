@@ -57,6 +57,8 @@ class Spec:
         self.buffers = [jax.ShapeDtypeStruct((n,), d) for d, n in zip(dtypes, sizes)]
         self.leaves = leaves
         self.in_slots, self.out_slots = slots[:n_inputs], slots[n_inputs:]
+        self.traces: dict[tuple, list] = {}
+        """The backward's op calls, noted once per signature (tfgrad.qat._exec._Ops)."""
 
     def pack(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
         bufs = [np.empty(b.shape, b.dtype) for b in self.buffers]
@@ -261,7 +263,7 @@ class Fused:
     def backward(self, spec: Spec, pkeys: list, res: Sequence[np.ndarray],
                  cts: dict[int, np.ndarray], wanted: list[tuple[str, int]],
                  x_shapes: list, p_shapes: list) -> tuple[np.ndarray, ...]:
-        tape = _exec.Tape(spec.unpack(res), spec.records, spec.needs)
+        tape = _exec.Tape(spec.unpack(res), spec.records, spec.needs, spec.traces)
         g = tape.backward({spec.out_slots[k]: np.ascontiguousarray(c, np.float32)
                            for k, c in cts.items()})
         out = []

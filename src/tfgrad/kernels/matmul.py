@@ -386,9 +386,9 @@ def pad_columns(src, dst):  # type: ignore[no-untyped-def]  # pragma: no cover -
 # tfgrad._tf.conv2d.eigen_gemv), operation for operation under FTZ / DAZ
 # --------------------------------------------------------------------------------------
 @jit
-def gemv_t(X, w, y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """oneDNN's gemv_t over k in [s, e), in place on y [R] (X [R, K], w [K], both
-    C-contiguous): 8 FMA lanes
+def gemv_t(X, W, Y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """oneDNN's gemv_t over k in [s, e), in place on each row Y[i] [R] with W[i] [K]
+    (X [R, K], W, Y C-contiguous; a row of W per image, all in one call): 8 FMA lanes
     over the first 16*floor(K/16) (lane l: k = l mod 8), the horizontal sum
     ((l0+l1)+(l4+l5)) + ((l2+l3)+(l6+l7)) added; then chunks of 8, 4, 2, 1 of products
     (fma from 0), each summed as the lanes are and added."""
@@ -397,32 +397,35 @@ def gemv_t(X, w, y, s, e):  # type: ignore[no-untyped-def]  # pragma: no cover -
     p = np.zeros(8, np.float32)
     K = e - s
     k16 = s + K - K % 16
-    Xf = X.reshape(-1)  # (X and w C-contiguous: the lanes are vector loads)
-    for r in range(X.shape[0]):
-        acc = vzeros8()
-        base = r * X.shape[1]
-        for j in range(s, k16, 8):
-            acc = vfma(vload8(Xf, base + j), vload8(w, j), acc)
-        yr = y[r]
-        if k16 > s:
-            a0, a1, a2, a3, a4, a5, a6, a7 = vlanes8(acc)
-            yr = yr + (((a0 + a1) + (a4 + a5)) + ((a2 + a3) + (a6 + a7)))
-        j = k16
-        for width in (8, 4, 2, 1):
-            if e - j >= width:
-                for lane in range(width):
-                    p[lane] = fma32(X[r, j + lane], w[j + lane], zero)
-                if width == 8:
-                    t = ((p[0] + p[1]) + (p[4] + p[5])) + ((p[2] + p[3]) + (p[6] + p[7]))
-                elif width == 4:
-                    t = (p[0] + p[1]) + (p[2] + p[3])
-                elif width == 2:
-                    t = p[0] + p[1]
-                else:
-                    t = p[0]
-                yr = yr + t
-                j += width
-        y[r] = yr
+    Xf = X.reshape(-1)  # (X and W C-contiguous: the lanes are vector loads)
+    for i in range(W.shape[0]):
+        w = W[i]
+        y = Y[i]
+        for r in range(X.shape[0]):
+            acc = vzeros8()
+            base = r * X.shape[1]
+            for j in range(s, k16, 8):
+                acc = vfma(vload8(Xf, base + j), vload8(w, j), acc)
+            yr = y[r]
+            if k16 > s:
+                a0, a1, a2, a3, a4, a5, a6, a7 = vlanes8(acc)
+                yr = yr + (((a0 + a1) + (a4 + a5)) + ((a2 + a3) + (a6 + a7)))
+            j = k16
+            for width in (8, 4, 2, 1):
+                if e - j >= width:
+                    for lane in range(width):
+                        p[lane] = fma32(X[r, j + lane], w[j + lane], zero)
+                    if width == 8:
+                        t = ((p[0] + p[1]) + (p[4] + p[5])) + ((p[2] + p[3]) + (p[6] + p[7]))
+                    elif width == 4:
+                        t = (p[0] + p[1]) + (p[2] + p[3])
+                    elif width == 2:
+                        t = p[0] + p[1]
+                    else:
+                        t = p[0]
+                    yr = yr + t
+                    j += width
+            y[r] = yr
     ftz_exit(fz)
 
 

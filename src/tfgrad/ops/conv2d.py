@@ -472,24 +472,37 @@ def _filter_plans(geo: Geometry) -> list[tuple[int, int, contraction.Plan]]:
             for s in range(0, geo.N, step)]
 
 
-def _run(op: str, geo: Geometry, k: dict[str, Any]) -> np.ndarray:
+def _plans(op: str, geo: Geometry) -> Any:
+    """TF's plan(s) of the op's contraction(s), as the kernels take them."""
+    if op == FORWARD:
+        return forward_plan(geo, geo.padding)
+    if op == INPUT:
+        return input_plan(geo), input_direct_kind(geo)
+    return _filter_plans(geo)
+
+
+def _run(op: str, geo: Geometry, k: dict[str, Any], plans: dict[tuple, Any]) -> np.ndarray:
+    """``plans``: the call's plans by what they depend on besides the geometry (TF's
+    thread count, the modelled oneDNN kernel), kept per signature: planned once."""
     with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN propagate as in TF
         ref = _config.use_reference()
+        if not ref:
+            by = (_config.tf_intra_op_threads(), onednn_isa())
+            p = plans.get(by)
+            if p is None:
+                p = plans[by] = _plans(op, geo)
         if op == FORWARD:
             if ref:
                 return forward_reference(k["input"], k["filter"], geo)
-            return _dispatch().forward(k["input"], k["filter"], geo,
-                                       forward_plan(geo, geo.padding))
+            return _dispatch().forward(k["input"], k["filter"], geo, p)
         if op == INPUT:
             if ref:
                 return input_reference(k["filter"], k["out_backprop"], geo)
-            return _dispatch().backprop_input(k["filter"], k["out_backprop"], geo,
-                                              input_plan(geo), input_direct_kind(geo))
+            return _dispatch().backprop_input(k["filter"], k["out_backprop"], geo, *p)
         if ref:
             out = filter_reference(k["input"], k["out_backprop"], geo)
         else:
-            out = _dispatch().backprop_filter(k["input"], k["out_backprop"], geo,
-                                              _filter_plans(geo))
+            out = _dispatch().backprop_filter(k["input"], k["out_backprop"], geo, p)
         return out.reshape(geo.KH, geo.KW, geo.C, geo.O)
 
 
@@ -507,7 +520,8 @@ def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], np.ndar
         shape = tuple(int(v) for v in args["filter_sizes"].tolist())
         if math.prod(shape) == 0 or geo.N * geo.P == 0:
             return lambda k: np.zeros(shape, F32)
-    return lambda k: _run(op, geo, k)
+    plans: dict[tuple, Any] = {}
+    return lambda k: _run(op, geo, k, plans)
 
 
 def Conv2D(*, input: np.ndarray, filter: np.ndarray, strides: tuple[int, ...],

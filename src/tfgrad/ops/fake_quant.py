@@ -79,7 +79,7 @@ class Nudged:
     @cached_property
     def zero_channels(self) -> tuple[int, ...]:
         """The indices where ``zero`` (computed once: the nudge is cached per range)."""
-        return tuple(int(c) for c in np.flatnonzero(self.zero))
+        return tuple(np.flatnonzero(self.zero).tolist())
 
     def as_channel(self) -> Nudged:
         """A one-range Nudged as a single channel (shape [1])."""

@@ -30,6 +30,7 @@ from .._opdefs import OPS
 from .._opdefs._types import REQUIRED
 from .._tf.fpenv import flushed
 from .._tf.minmax import numpy_batch_range  # (the adapters pass TF's bits: dispatch.minmax)
+from .._validate import max_bytes_set
 from ._plan import Node, Plan, Quantizer, _padding2d
 from ._ranges import RangeOps, updated_range
 
@@ -98,9 +99,22 @@ class Tape:
     records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]]
     needs: list[bool]
     """Whether a gradient must reach the slot (it leads to a leaf that wants one)."""
+    traces: dict[tuple, list] | None = None
+    """The backward's op calls by the outputs' gradients' signature (:class:`_Ops`), kept
+    by the program for the signature of the forward that made this tape."""
 
     def backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
         """The gradient of every slot (None where none reaches it), from the outputs'."""
+        traces = self.traces
+        sig = None
+        if traces is not None:
+            sig = tuple((s, type(v), v.dtype, v.shape, v.strides) for s, v in grads.items())
+        ops = self._ops = _Ops(traces, sig)
+        g = self._backward(grads)
+        ops.keep()
+        return g
+
+    def _backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
         g: list[np.ndarray | None] = [None] * len(self.values)
         for slot, v in grads.items():
             g[slot] = v
@@ -139,8 +153,8 @@ class Tape:
                     np.broadcast_to(gouts[0].reshape(keep) / count, x.shape)))
             elif name == "Softmax":  # TF's _SoftmaxGrad on TF's Sum, flushed as TF's FTZ
                 y, gy = vals[outs[0]], gouts[0]
-                s = _op("Sum", {"input": flushed(gy * y), "axis": [y.ndim - 1],
-                                "keep_dims": True})
+                s = self._ops.call("Sum", {"input": flushed(gy * y), "axis": [y.ndim - 1],
+                                           "keep_dims": True})
                 add(ins["logits"], flushed(flushed(gy - s) * y))
             else:
                 self._gradient(name, ins, attrs, outs, gouts, add)
@@ -200,7 +214,7 @@ class Tape:
                     args[arg] = vals[ins[src]]
                 else:
                     args[arg] = vals[outs[k]]
-            res = _op(step.op, args)
+            res = self._ops.call(step.op, args)
             res = res if isinstance(res, tuple) else (res,)
             for k, _, r in step.gives:
                 if k in ins:
@@ -212,11 +226,60 @@ def _op(name: str, args: dict[str, Any]) -> Any:
     return _api.run(OPS[name], args)
 
 
+_TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)
+
+
+class _Ops:
+    """The raw-op calls of one forward or backward, in order. The first run of a
+    signature (every leaf's type, dtype, shape and strides, and the flags: so every op's
+    arguments have the same signatures, op after op) notes each call's entry in
+    tfgrad._api's signature cache; a later run of that signature calls the entries one
+    after the other instead of computing and looking up each call's signature (the
+    per-call checks and compute stay the entry's). A call whose name differs from the
+    noted one (never expected) ends the replay: the rest runs the plain way."""
+
+    def __init__(self, traces: dict[tuple, list] | None, sig: tuple | None):
+        self.traces, self.sig = traces, sig
+        self.replay: list | None = None
+        self.trace: list | None = None
+        if traces is not None and sig is not None and not max_bytes_set():
+            self.replay = traces.get(sig)
+            if self.replay is None:
+                self.trace = []
+        self.k = 0
+
+    def call(self, name: str, args: dict[str, Any]) -> Any:
+        r = self.replay
+        if r is not None:
+            k = self.k
+            self.k = k + 1
+            if k < len(r) and r[k][0] == name:
+                entry = r[k][1]
+                return _op(name, args) if entry is None else _api.run_cached(name, entry, args)
+            self.replay = None
+        op = OPS[name]
+        key = _api.signature(op, args)
+        res = _api.run(op, args, key)
+        if self.trace is not None:
+            self.trace.append((name, _api.cached(key)))
+        return res
+
+    def keep(self) -> None:
+        """Keep the trace of a run that ended (the first of its signature)."""
+        traces = self.traces
+        if self.trace is not None and traces is not None:
+            if len(traces) >= _TRACES:
+                traces.clear()
+            traces[self.sig] = self.trace
+            self.trace = None
+
+
 class _Run:
     """One forward: values, and the tape when a gradient is wanted."""
 
     def __init__(self, grad: bool, minmax: MinMax,
-                 replica_mean: Callable[[np.ndarray], np.ndarray] | None):
+                 replica_mean: Callable[[np.ndarray], np.ndarray] | None, ops: _Ops):
+        self.ops = ops
         self.values: list[np.ndarray] = []
         self.needs: list[bool] = []
         self.records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]] = []
@@ -249,7 +312,7 @@ class _Run:
         args = dict(full)
         for k, s in ins.items():
             args[k] = self.values[s]
-        res = _op(name, args)
+        res = self.ops.call(name, args)
         return self._record(name, ins, full, res if isinstance(res, tuple) else (res,))
 
     def op1(self, name: str, ins: dict[str, int], **attrs: Any) -> int:
@@ -283,6 +346,8 @@ class Program:
         self.plan = plan
         self._walk = [n for n in plan.nodes if n.kind != "InputLayer"]
         self._dropout = [n for n in self._walk if n.kind == "Dropout"]
+        self._traces: dict[tuple, list] = {}
+        self._backward_traces: dict[tuple, dict[tuple, list]] = {}
 
     def runs(self, training: Mapping[str, bool]) -> bool:
         """Whether the program runs the model with these training flags (dropout while
@@ -298,7 +363,13 @@ class Program:
         """The model's outputs on ``inputs`` (ranges and statistics updated in ``state``
         where training); the tape, the slot of each trainable array, the inputs' slots
         and the outputs' slots (last)."""
-        run = _Run(grad, minmax, replica_mean)
+        sig = (grad, tuple(bool(n) for n in inputs_need_grad),
+               tuple((type(x), x.dtype, x.shape, x.strides) for x in inputs),
+               tuple((k, type(a), a.dtype, a.shape, a.strides)
+                     for k, a in state.arrays.items()),
+               tuple(state.trainable.items()), tuple(state.training.items()))
+        ops = _Ops(self._traces, sig)
+        run = _Run(grad, minmax, replica_mean, ops)
         values: dict[str, int] = {}
         in_slots = []
         for k, (name, x) in enumerate(zip(self.plan.inputs, inputs)):
@@ -310,7 +381,14 @@ class Program:
             values[node.name] = self._layer(run, node, [values[i] for i in node.inputs],
                                              state, leaves)
         outs = [values[o] for o in self.plan.outputs]
-        tape = Tape(run.values, run.records, run.needs)
+        ops.keep()
+        backward = self._backward_traces
+        traces = backward.get(sig)
+        if traces is None:
+            if len(backward) >= _TRACES:
+                backward.clear()
+            traces = backward[sig] = {}
+        tape = Tape(run.values, run.records, run.needs, traces)
         return [run.values[s] for s in outs], tape, leaves, in_slots + outs
 
     # ----------------------------------------------------------------------------------
