@@ -487,9 +487,11 @@ class Program:
         elif kind == "ZeroPadding2D":
             pads = _padding2d(cfg["padding"])
             (t, b), (lf, r) = pads
-            y = run.pseudo("pad", {"x": x}, np.pad(run.values[x],
-                                                   ((0, 0), (t, b), (lf, r), (0, 0))),
-                           pads=pads)
+            v = run.values[x]  # (zeros, the image copied in: np.pad's result, ~10x sooner)
+            out = np.zeros((v.shape[0], v.shape[1] + t + b, v.shape[2] + lf + r, v.shape[3]),
+                           v.dtype)
+            out[:, t:t + v.shape[1], lf:lf + v.shape[2], :] = v
+            y = run.pseudo("pad", {"x": x}, out, pads=pads)
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
             k = _pair(cfg.get("pool_size", 2))
             s = _pair(cfg.get("strides") or k)
