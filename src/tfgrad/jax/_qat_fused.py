@@ -59,6 +59,8 @@ class Spec:
         self.in_slots, self.out_slots = slots[:n_inputs], slots[n_inputs:]
         self.traces: dict[tuple, list] = {}
         """The backward's op calls, noted once per signature (tfgrad.qat._exec._Ops)."""
+        self.steps: dict[int, list] = {}
+        """The records' gradient calls, worked out once (``Tape.steps``)."""
 
     def pack(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
         bufs = [np.empty(b.shape, b.dtype) for b in self.buffers]
@@ -263,7 +265,8 @@ class Fused:
     def backward(self, spec: Spec, pkeys: list, res: Sequence[np.ndarray],
                  cts: dict[int, np.ndarray], wanted: list[tuple[str, int]],
                  x_shapes: list, p_shapes: list) -> tuple[np.ndarray, ...]:
-        tape = _exec.Tape(spec.unpack(res), spec.records, spec.needs, spec.traces)
+        tape = _exec.Tape(spec.unpack(res), spec.records, spec.needs, spec.traces,
+                          spec.steps)
         g = tape.backward({spec.out_slots[k]: np.ascontiguousarray(c, np.float32)
                            for k, c in cts.items()})
         out = []

@@ -102,6 +102,9 @@ class Tape:
     traces: dict[tuple, list] | None = None
     """The backward's op calls by the outputs' gradients' signature (:class:`_Ops`), kept
     by the program for the signature of the forward that made this tape."""
+    steps: dict[int, list] | None = None
+    """Each record's gradient calls worked out (:meth:`_prepared`), by record, kept
+    likewise: the same for every tape of that signature."""
 
     def backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
         """The gradient of every slot (None where none reaches it), from the outputs'."""
@@ -125,7 +128,8 @@ class Tape:
                 old = g[slot]
                 g[slot] = v if old is None else old + v
 
-        for name, ins, attrs, outs in reversed(self.records):
+        for at in range(len(self.records) - 1, -1, -1):
+            name, ins, attrs, outs = self.records[at]
             gouts = [g[s] for s in outs]
             if all(x is None for x in gouts):
                 continue
@@ -157,7 +161,7 @@ class Tape:
                                            "keep_dims": True})
                 add(ins["logits"], flushed(flushed(gy - s) * y))
             else:
-                self._gradient(name, ins, attrs, outs, gouts, add)
+                self._gradient(at, name, ins, attrs, outs, gouts, add)
         return g
 
     def reads(self) -> tuple[set[int], set[int]]:
@@ -192,33 +196,53 @@ class Tape:
                             values.add(outs[k])
         return values, shapes - values
 
-    def _gradient(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
+    def _prepared(self, at: int, name: str, ins: dict[str, int], attrs: dict[str, Any],
+                  outs: tuple[int, ...]) -> list[tuple]:
+        """Record ``at``'s gradient calls that reach a slot wanting a gradient: (op or None
+        for an Identity, its attrs, its inputs as (argument, kind, output index, slot),
+        the (slot, result index) of each gradient it gives)."""
+        memo = self.steps
+        found = memo.get(at) if memo is not None else None
+        if found is None:
+            needs = self.needs
+            found = []
+            for step in _gradients.steps(name, attrs):
+                if not any(k in ins and needs[ins[k]] for k, _, _ in step.gives):
+                    continue
+                if step.op == "Identity":  # (BiasAdd's value: the gradient itself)
+                    found.append((None, None, step.sources[0][3],
+                                  tuple((ins[k], 0) for k, _, _ in step.gives)))
+                    continue
+                sources = tuple((arg, kind, k, ins[src] if kind in ("shape", "input")
+                                 else outs[k]) for arg, kind, src, k in step.sources)
+                found.append((step.op, step.call_attrs(attrs), sources,
+                              tuple((ins[k], r) for k, _, r in step.gives if k in ins)))
+            if memo is not None:
+                memo[at] = found
+        return found
+
+    def _gradient(self, at: int, name: str, ins: dict[str, int], attrs: dict[str, Any],
                   outs: tuple[int, ...], gouts: list[Any], add: Callable) -> None:
         """TF's gradient function of a raw op: the table's gradient calls."""
-        vals, needs = self.values, self.needs
-        for step in _gradients.steps(name, attrs):
-            if not any(k in ins and needs[ins[k]] for k, _, _ in step.gives):
+        vals = self.values
+        for op, base, sources, gives in self._prepared(at, name, ins, attrs, outs):
+            if op is None:
+                for slot, _ in gives:
+                    add(slot, gouts[sources])
                 continue
-            if step.op == "Identity":  # (BiasAdd's value: the gradient itself)
-                for k, _, _ in step.gives:
-                    add(ins[k], gouts[step.sources[0][3]])
-                continue
-            args = step.call_attrs(attrs)
-            for arg, kind, src, k in step.sources:
+            args = dict(base)
+            for arg, kind, k, slot in sources:
                 if kind == "grad":
                     v = gouts[k]
-                    args[arg] = v if v is not None else np.zeros_like(vals[outs[k]])
+                    args[arg] = v if v is not None else np.zeros_like(vals[slot])
                 elif kind == "shape":
-                    args[arg] = list(vals[ins[src]].shape)
-                elif kind == "input":
-                    args[arg] = vals[ins[src]]
+                    args[arg] = list(vals[slot].shape)
                 else:
-                    args[arg] = vals[outs[k]]
-            res = self._ops.call(step.op, args)
+                    args[arg] = vals[slot]
+            res = self._ops.call(op, args)
             res = res if isinstance(res, tuple) else (res,)
-            for k, _, r in step.gives:
-                if k in ins:
-                    add(ins[k], res[r])
+            for slot, r in gives:
+                add(slot, res[r])
 
 
 def _op(name: str, args: dict[str, Any]) -> Any:
@@ -347,7 +371,7 @@ class Program:
         self._walk = [n for n in plan.nodes if n.kind != "InputLayer"]
         self._dropout = [n for n in self._walk if n.kind == "Dropout"]
         self._traces: dict[tuple, list] = {}
-        self._backward_traces: dict[tuple, dict[tuple, list]] = {}
+        self._backward_traces: dict[tuple, tuple[dict[tuple, list], dict[int, list]]] = {}
 
     def runs(self, training: Mapping[str, bool]) -> bool:
         """Whether the program runs the model with these training flags (dropout while
@@ -383,12 +407,12 @@ class Program:
         outs = [values[o] for o in self.plan.outputs]
         ops.keep()
         backward = self._backward_traces
-        traces = backward.get(sig)
-        if traces is None:
+        memo = backward.get(sig)
+        if memo is None:
             if len(backward) >= _TRACES:
                 backward.clear()
-            traces = backward[sig] = {}
-        tape = Tape(run.values, run.records, run.needs, traces)
+            memo = backward[sig] = ({}, {})
+        tape = Tape(run.values, run.records, run.needs, *memo)
         return [run.values[s] for s in outs], tape, leaves, in_slots + outs
 
     # ----------------------------------------------------------------------------------
