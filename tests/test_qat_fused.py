@@ -205,3 +205,29 @@ def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.Monkey
         for trace in traces.values():  # a trace that does not fit: its calls run plain
             trace[len(trace) // 2] = ("Identity", None)
     assert step(x4d, c4d) > 0
+
+
+def test_a_stepped_model_pickles(saved: dict) -> None:
+    """torch.save / pickle of a model after training steps (the program's replay traces
+    hold closures: left out), and the copy steps on with the original's bits."""
+    import io
+    import pickle
+
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 3, 4)
+    m = tq.load_keras(path).train()
+    for x, c in zip(xs[:2], cs[:2]):
+        (m(torch.from_numpy(x)) * torch.from_numpy(c)).sum().backward()
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    twin = pickle.loads(pickle.dumps(m))
+    assert not twin._program._traces and m._program._traces
+    outs = []
+    for mod in (m, twin):
+        for p in mod.parameters():
+            p.grad = None
+        y = mod(torch.from_numpy(xs[2]))
+        (y * torch.from_numpy(cs[2])).sum().backward()
+        outs.append([y.detach().numpy(), *(p.grad.numpy() for p in mod.parameters())])
+    for a, b in zip(*outs):
+        assert np.array_equal(_bits(a), _bits(b))

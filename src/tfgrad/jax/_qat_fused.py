@@ -62,6 +62,11 @@ class Spec:
         self.steps: dict[int, list] = {}
         """The records' gradient calls, worked out once (``Tape.steps``)."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)  # (pickled without the traces: closures, per process)
+        state["traces"], state["steps"] = {}, {}
+        return state
+
     def pack(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
         bufs = [np.empty(b.shape, b.dtype) for b in self.buffers]
         for s, d, at, n, _ in self.layout:

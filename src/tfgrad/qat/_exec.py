@@ -373,6 +373,13 @@ class Program:
         self._traces: dict[tuple, list] = {}
         self._backward_traces: dict[tuple, tuple[dict[tuple, list], dict[int, list]]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (torch.save of a model) without the traces: they hold the ops' prepared
+        closures, and a new process prepares its own."""
+        state = dict(self.__dict__)
+        state["_traces"], state["_backward_traces"] = {}, {}
+        return state
+
     def runs(self, training: Mapping[str, bool]) -> bool:
         """Whether the program runs the model with these training flags (dropout while
         training needs the framework's random numbers)."""
