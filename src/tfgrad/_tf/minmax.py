@@ -74,9 +74,11 @@ def reduce_all(x: np.ndarray, is_max: bool, threads: int | None = None) -> np.fl
     """TF's Min (Max) of float32 ``x`` over all its axes, on ``threads`` TF intra-op
     threads (default: the count TF would use here)."""
     v = np.ascontiguousarray(x, _F32).reshape(-1)
+    if v.size == 0:  # (the reducer's initial value: +inf for Min, -inf for Max)
+        return _init(is_max)
     fast = v.max() if is_max else v.min()
-    if v.size == 0 or (fast != 0 and not np.isnan(fast)):
-        return _F32(fast) if v.size else _init(is_max)
+    if fast != 0 and not np.isnan(fast):
+        return _F32(fast)
     count = num_threads(v.size, _COST, threads or tf_intra_op_threads())
     blocks, rest = shards(v.size, count)
     if count <= 1:
@@ -91,6 +93,8 @@ def reduce_rows(x: np.ndarray, is_max: bool) -> np.ndarray:
     """TF's Min (Max) of a float32 [R, C] over axis 0 (any thread count)."""
     r, c = x.shape
     x = np.asarray(x, _F32)
+    if r == 0:  # (no rows: the reducer's initial value per channel)
+        return np.full(c, _init(is_max), _F32)
     out = x.max(axis=0) if is_max else x.min(axis=0)
     redo = np.flatnonzero((out == 0) | np.isnan(out))
     if redo.size == 0:
@@ -112,8 +116,8 @@ def numpy_batch_range(x: np.ndarray, per_axis: bool) -> tuple[np.ndarray, np.nda
         if x.ndim < 2:
             return x, x
         r = x.reshape(-1, x.shape[-1])
-        return r.min(axis=0), r.max(axis=0)
-    return np.asarray(x.min()), np.asarray(x.max())
+        return r.min(axis=0, initial=np.inf), r.max(axis=0, initial=-np.inf)
+    return np.asarray(x.min(initial=np.inf)), np.asarray(x.max(initial=-np.inf))
 
 
 def batch_range(x: np.ndarray, per_axis: bool, threads: int | None = None
