@@ -68,6 +68,7 @@ model as :mod:`tfgrad.qat._exec`'s program in one host callback forward and one 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -448,7 +449,7 @@ class _Run:
         elif kind == "Dropout":
             y = self.dropout(node, x, float(cfg.get("rate", 0.0)))
         elif kind == "Flatten":
-            y = x.reshape(x.shape[0], -1)
+            y = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (-1: ambiguous at batch 0)
         elif kind == "Reshape":
             y = x.reshape(x.shape[0], *[int(v) for v in cfg["target_shape"]])
         elif kind == "Softmax":

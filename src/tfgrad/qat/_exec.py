@@ -19,6 +19,7 @@ then runs the model layer by layer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -537,7 +538,7 @@ class Program:
             y = x
         elif kind in ("Flatten", "Reshape"):
             v = run.values[x]
-            shape = ((v.shape[0], -1) if kind == "Flatten"
+            shape = ((v.shape[0], math.prod(v.shape[1:])) if kind == "Flatten"
                      else (v.shape[0], *[int(t) for t in cfg["target_shape"]]))
             y = run.pseudo("reshape", {"x": x}, v.reshape(shape))
         elif kind == "Softmax":

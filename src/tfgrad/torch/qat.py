@@ -255,7 +255,7 @@ class Layer(nn.Module):
         elif kind == "Dropout":
             y = F.dropout(x, float(cfg.get("rate", 0.0)), self.training)
         elif kind == "Flatten":
-            y = x.reshape(x.shape[0], -1)
+            y = x.flatten(1)  # (not reshape(n, -1): ambiguous for a batch of 0)
         elif kind == "Reshape":
             y = x.reshape(x.shape[0], *[int(v) for v in cfg["target_shape"]])
         elif kind == "Softmax":
