@@ -185,14 +185,19 @@ def cached(key: tuple | None) -> tuple | None:
 def run_cached(name: str, entry: tuple, arguments: dict[str, Any]) -> Any:
     """Run op ``name``'s cached entry (:func:`cached`) on a call of its signature, as
     :func:`run` would find and run it; the caller vouches for the signature."""
+    try:
+        return _call(entry, arguments)
+    except MemoryError as e:
+        raise ResourceLimitError(f"{name}: out of memory ({e})") from None
+
+
+def _call(entry: tuple, arguments: dict[str, Any]) -> Any:
+    """A cache entry's rest on the call's arguments (its fixed ones, and those passed)."""
     rest, fixed, passed = entry
     kwargs = dict(fixed)
     for n in passed:
         kwargs[n] = arguments[n]
-    try:
-        return rest(kwargs)
-    except MemoryError as e:
-        raise ResourceLimitError(f"{name}: out of memory ({e})") from None
+    return rest(kwargs)
 
 
 def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
@@ -203,11 +208,7 @@ def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
     if key is not None:
         entry = _CACHE.get(key)
         if entry is not None:
-            rest, fixed, passed = entry
-            kwargs = dict(fixed)
-            for n in passed:
-                kwargs[n] = arguments[n]
-            return rest(kwargs)
+            return _call(entry, arguments)
     slow = _validate.slow_checks()
     kwargs = _validate.bind(op, arguments)
     rest = _prepare(op)(op.name, kwargs)
