@@ -307,6 +307,30 @@ def test_eager_outputs_alias_no_input():
 # --------------------------------------------------------------------------------------
 # Fake quantization: gradients are TF's gradient ops, bit for bit
 # --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,fn", [
+    ((0, 3, 3, 4), lambda x: tt.mean(x, [1, 2])),
+    ((2, 0, 3, 4), lambda x: tt.mean(x, [1, 2])),  # NaN from no values
+    ((0, 3, 3, 4), lambda x: tt.mean(x, [0, 1, 2, 3])),
+    ((0, 3, 3, 4), lambda x: tt.sum(x, [1, 2])),
+    ((0, 10), lambda x: tt.sparse_softmax_cross_entropy_with_logits(
+        x, torch.zeros(0, dtype=torch.int64))[0]),
+], ids=["mean-batch", "mean-inner", "mean-all", "sum", "xent"])
+def test_gradients_of_an_empty_input(shape, fn):
+    """An op whose gradient differentiates its composite (Sum, Mean, the cross entropy),
+    on an empty input (a data shard left empty: a QAT step on a batch of 0): its output
+    then depends on no input value and has no graph; the gradient is the input's empty
+    shape, first and second order (it raised "element 0 of tensors does not require
+    grad")."""
+    x = torch.zeros(shape, requires_grad=True)
+    y = fn(x)
+    w = torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape)
+    (g,) = torch.autograd.grad((torch.nan_to_num(y) * w).sum(), x, create_graph=True)
+    assert g.shape == x.shape and not g.count_nonzero()
+    y2 = fn(x)
+    y2.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
 @pytest.mark.parametrize("num_bits,narrow_range", [(8, False), (4, True)])
 def test_fake_quant_args(num_bits, narrow_range):
     need("fake_quant")

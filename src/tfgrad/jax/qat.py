@@ -122,12 +122,13 @@ _JAX_OPS = RangeOps(jnp.minimum, jnp.maximum, _divide, _times)
 
 
 def _batch_range(q: Quantizer, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    # TF's Min / Max of nothing (a batch of 0) are +inf / -inf.
     if q.per_axis:
         if x.ndim >= 2:  # tfmot reduces over [0] (rank 2) or [0, 1, 2] (rank 4)
             flat = x.reshape(-1, x.shape[-1])
-            return flat.min(0), flat.max(0)
+            return flat.min(0, initial=np.inf), flat.max(0, initial=-np.inf)
         return x, x
-    return x.min(), x.max()
+    return x.min(initial=np.inf), x.max(initial=-np.inf)
 
 
 def quantize(q: Quantizer, x: jax.Array, lo: jax.Array, hi: jax.Array, training: bool,

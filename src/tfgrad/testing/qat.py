@@ -203,6 +203,16 @@ def named_like(names: dict[str, list[tuple[str, Any]]], weights: dict[str, list[
     return {n: v for layer, ws in weights.items() for (n, _), v in zip(names[layer], ws)}
 
 
+def ranges_differ(port: Any, got: dict, ref: dict) -> tuple[int, list[str]]:
+    """After one step, ``port``'s range variables (``got``: a port's step record) against
+    TF's (``ref``: :func:`tf_steps`' record): how many there are, and those whose bits
+    differ."""
+    tfw = named_like(port.keras_weights(), ref["weights"])
+    ported = by_name(got["weights"])
+    ranges = [n for n in tfw if n.split(":")[0].endswith(("_min", "_max"))]
+    return len(ranges), [n for n in ranges if not np.array_equal(ported[n], tfw[n])]
+
+
 def tf_steps(model: Any, xs: list[np.ndarray], cs: list[np.ndarray], lr: float
              ) -> list[dict[str, Any]]:
     """Train ``model`` one SGD step per batch: loss ``sum(y * c)``, ``var -= lr * grad``.

@@ -491,8 +491,12 @@ def _linearised_vjp(op: OpDef, saved: dict[str, torch.Tensor], bound: dict[str, 
         if not pairs:
             return {}
         xs = [leaves[n] for n in lin.inputs]
-        gs = torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs],
-                                 create_graph=create, allow_unused=True)
+        # An output that does not depend on the inputs (a Mean of an empty batch: NaN
+        # made from nothing) has no graph: it adds nothing to their gradients.
+        pairs = [(o, g) for o, g in pairs if o.requires_grad]
+        gs = (torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs],
+                                  create_graph=create, allow_unused=True)
+              if pairs else [None] * len(xs))
     return {n: (g if g is not None else torch.zeros_like(x))
             for n, x, g in zip(lin.inputs, xs, gs)}
 
