@@ -220,6 +220,42 @@ def test_demo_second_process_compiles_what_the_backward_takes():
     assert {tuple(p) for p in backward} <= {tuple(p) for p in child}
 
 
+def test_demo_backward_skips_only_the_unused_input_gradient(monkeypatch):
+    """The demo's first layer takes the images: its backward computes the weights'
+    gradient and no input gradient (nor does the second process compile one); every
+    parameter's gradient is the one a full backward gives, bit for bit."""
+    import copy
+
+    from tfgrad._cli import demo
+
+    rng = np.random.default_rng(1)
+    model = demo.build_model(rng, 8)
+    x = rng.random((4, 8, 8, 1), dtype=np.float32)
+    g = rng.standard_normal((4, 10)).astype(np.float32)
+    demo.forward(model, x, demo.TRAIN)
+    full = copy.deepcopy(model)
+    gi = g
+    for layer in reversed(full):
+        gi = layer.backward(gi)
+    assert gi is not None and gi.shape == x.shape
+    shapes = []
+    op = tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput
+
+    def counted(**kw):
+        shapes.append(tuple(kw["input_sizes"]))
+        return op(**kw)
+
+    monkeypatch.setattr(tfgrad.raw_ops, "DepthwiseConv2dNativeBackpropInput", counted)
+    demo.backward(model, g)
+    assert shapes == [(4, 8, 8, 16)]  # the second depthwise layer's only
+    for a, b in zip(model, full, strict=True):
+        assert a.grads.keys() == b.grads.keys()
+        for k in a.grads:
+            np.testing.assert_array_equal(a.grads[k], b.grads[k])
+    specs = json.loads(demo.depthwise_specs(model, x))
+    assert [s[2] for s in specs] == [False, True]
+
+
 @pytest.mark.skipif(not has("sklearn", "tqdm"), reason="extra 'demo' not installed")
 def test_demo_bits_flag(tmp_path):
     r = tfgrad_cli(*DEMO_QUICK, "--bits", "4", "--no-plot", "--out", str(tmp_path))

@@ -93,7 +93,9 @@ class Layer:
     def forward(self, x: np.ndarray, mode: str) -> np.ndarray:
         raise NotImplementedError
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
+        """The parameters' gradients into ``grads``; the input's gradient, or None when
+        ``need_input`` is false (the model's first layer: nothing takes it)."""
         raise NotImplementedError
 
 
@@ -152,7 +154,7 @@ class DepthwiseConv(Layer):
         return tfgrad.raw_ops.DepthwiseConv2dNative(input=x, filter=self.wq, strides=STRIDES,
                                                     padding="SAME")
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         import tfgrad
 
         w = self.params["w"]
@@ -161,6 +163,8 @@ class DepthwiseConv(Layer):
             strides=STRIDES, padding="SAME")
         kh, kw, c, m = w.shape
         self.grads["w"] = self.quant.backward(dwq.reshape(kh, kw, c * m)).reshape(w.shape)
+        if not need_input:
+            return None
         return tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput(
             input_sizes=np.array(self.x.shape, np.int32), filter=self.wq, out_backprop=g,
             strides=STRIDES, padding="SAME")
@@ -186,11 +190,13 @@ class Pointwise(Layer):
             y = y + self.params["b"]
         return y.reshape(*x.shape[:-1], -1)
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         g2 = g.reshape(-1, g.shape[-1])
         self.grads["w"] = self.quant.backward(self.x2.T @ g2)
         if "b" in self.params:
             self.grads["b"] = g2.sum(axis=0)
+        if not need_input:
+            return None
         return (g2 @ self.wq.T).reshape(self.shape)
 
 
@@ -219,7 +225,7 @@ class BatchNorm(Layer):
                                      out.reserve_space_3)
         return out.y
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         import tfgrad
 
         r1, r2, r3 = self.saved
@@ -256,7 +262,7 @@ class ReLU6Quant(Layer):
         return tfgrad.raw_ops.FakeQuantWithMinMaxVars(
             inputs=r, min=self.params["min"], max=self.params["max"], num_bits=self.bits)
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         import tfgrad
 
         out = tfgrad.raw_ops.FakeQuantWithMinMaxVarsGradient(
@@ -289,7 +295,7 @@ class FractionalAvgPool(Layer):
             out.col_pooling_sequence
         return out.output
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         import tfgrad
 
         return tfgrad.raw_ops.FractionalAvgPoolGrad(
@@ -302,7 +308,7 @@ class Flatten(Layer):
         self.shape = x.shape
         return x.reshape(x.shape[0], -1)
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
+    def backward(self, g: np.ndarray, need_input: bool = True) -> np.ndarray | None:
         return g.reshape(self.shape)
 
 
@@ -324,8 +330,8 @@ def forward(model: list[Layer], x: np.ndarray, mode: str) -> np.ndarray:
 
 
 def backward(model: list[Layer], g: np.ndarray) -> None:
-    for layer in reversed(model):
-        g = layer.backward(g)
+    for i in reversed(range(len(model))):
+        g = model[i].backward(g, need_input=i > 0)
 
 
 def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
@@ -374,8 +380,8 @@ def load_digits(seed_split: int = 0) -> tuple[np.ndarray, ...]:
 
 def _compile(model: list[Layer], x: np.ndarray, y: np.ndarray) -> float:
     """One step and both evaluations on a copy of the model (compiles or loads every
-    kernel); its seconds. Depthwise's two gradient kernels, the costliest to compile,
-    are compiled meanwhile by a second process (_start_depthwise_grads) when there is a
+    kernel); its seconds. Depthwise's gradient kernels, the costliest to compile, are
+    compiled meanwhile by a second process (_start_depthwise_grads) when there is a
     second core: the backward waits for it there and loads them from Numba's cache."""
     t0 = time.perf_counter()
     child = _start_depthwise_grads(model, x)
@@ -384,11 +390,11 @@ def _compile(model: list[Layer], x: np.ndarray, y: np.ndarray) -> float:
         forward(scratch, x, EVAL_QUANT)
         forward(scratch, x, EVAL_FLOAT)
         g = softmax_xent(forward(scratch, x, TRAIN), y)[1]
-        for layer in reversed(scratch):
-            if child is not None and isinstance(layer, DepthwiseConv):
+        for i in reversed(range(len(scratch))):
+            if child is not None and isinstance(scratch[i], DepthwiseConv):
                 child.wait()
                 child = None
-            g = layer.backward(g)
+            g = scratch[i].backward(g, need_input=i > 0)
     finally:
         if child is not None:
             child.kill()
@@ -397,9 +403,9 @@ def _compile(model: list[Layer], x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _start_depthwise_grads(model: list[Layer], x: np.ndarray) -> subprocess.Popen | None:
-    """A process running each depthwise layer's two gradient ops at the step's shapes
-    (the layers keep x's N, H, W: SAME, stride 1), which compiles their kernels into
-    the on-disk cache; None on one core or without the JIT. (Numba rewrites a function's
+    """A process running each depthwise layer's gradient ops at the step's shapes (the
+    layers keep x's N, H, W: SAME, stride 1), which compiles their kernels into the
+    on-disk cache; None on one core or without the JIT. (Numba rewrites a function's
     cache index whole: the two processes must not compile one function in different
     signatures at once, so this one runs no depthwise gradient before that one ends.)"""
     import numba
@@ -418,29 +424,32 @@ def _start_depthwise_grads(model: list[Layer], x: np.ndarray) -> subprocess.Pope
 
 
 def depthwise_specs(model: list[Layer], x: np.ndarray) -> str:
-    """Each depthwise layer's (input shape, filter shape) for input ``x``, as JSON."""
-    return json.dumps([[[*x.shape[:3], m.params["w"].shape[2]], list(m.params["w"].shape)]
-                       for m in model if isinstance(m, DepthwiseConv)])
+    """Each depthwise layer's (input shape, filter shape, whether the backward takes its
+    input's gradient: not the first layer's) for input ``x``, as JSON."""
+    return json.dumps([[[*x.shape[:3], m.params["w"].shape[2]], list(m.params["w"].shape), i > 0]
+                       for i, m in enumerate(model) if isinstance(m, DepthwiseConv)])
 
 
 def depthwise_grads(specs: str, threads: int) -> None:
-    """The second process of _start_depthwise_grads: DepthwiseConv2dNativeBackpropFilter
-    and -Input on random float32 inputs of each (input shape, filter shape) in ``specs``."""
+    """The second process of _start_depthwise_grads: DepthwiseConv2dNativeBackpropFilter,
+    and -Input where the backward takes it, on random float32 inputs of each (input
+    shape, filter shape, input gradient?) in ``specs``."""
     import numba
 
     import tfgrad
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     rng = np.random.default_rng(0)
-    for xs, ws in json.loads(specs):
+    for xs, ws, need_input in json.loads(specs):
         gs = [*xs[:3], ws[2] * ws[3]]
         x, w, g = (rng.standard_normal(s).astype(F32) for s in (xs, ws, gs))
         tfgrad.raw_ops.DepthwiseConv2dNativeBackpropFilter(
             input=x, filter_sizes=np.array(ws, np.int32), out_backprop=g, strides=STRIDES,
             padding="SAME")
-        tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput(
-            input_sizes=np.array(xs, np.int32), filter=w, out_backprop=g, strides=STRIDES,
-            padding="SAME")
+        if need_input:
+            tfgrad.raw_ops.DepthwiseConv2dNativeBackpropInput(
+                input_sizes=np.array(xs, np.int32), filter=w, out_backprop=g,
+                strides=STRIDES, padding="SAME")
 
 
 def plot(path: Path, history: list[dict[str, Any]], step_losses: list[float],
