@@ -352,6 +352,43 @@ def test_fused_is_op_by_op(saved: dict, name: str) -> None:
         assert np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
 
 
+def test_fused_backward_whose_tape_is_gone(saved: dict) -> None:
+    """The fused forward keeps its tape host-side for its backward (the residual is a
+    token); a backward whose tape is gone (a vjp called twice; forwards whose backwards
+    never ran, beyond the few kept) runs the forward again on its inputs: the same bits
+    as the op-by-op path's gradient, each time."""
+    import tfgrad.jax as tj
+    from tfgrad.jax._qat_fused import TAPES
+
+    m = jq.load_keras(saved["depthwise_chain"][1])
+    assert m.fused
+    k = models.keras().models.load_model(saved["depthwise_chain"][0], compile=False)
+    (x,), (c,) = models.batches(k, 1, 5, seed=3)
+    params, state = m.variables["params"], m.variables["state"]
+
+    def loss(params: dict, x: object) -> object:
+        y, _ = m.apply({"params": params, "state": state}, x, training=True)
+        return jnp.sum(y * c)
+
+    def bits(tree: object) -> list[bytes]:
+        return [np.asarray(v).tobytes() for v in jax.tree.leaves(tree)]
+
+    with tj.use_impl("exact"):
+        m.fused = False
+        want = bits(jax.grad(loss, argnums=(0, 1))(params, x))
+        m.fused = True
+        _, vjp = jax.vjp(loss, params, x)
+        assert bits(vjp(jnp.float32(1))) == want  # its tape
+        assert bits(vjp(jnp.float32(1))) == want  # taken: the forward again
+        _, vjp = jax.vjp(loss, params, x)
+        for _ in range(TAPES.KEEP + 2):  # forwards whose backwards never run
+            jax.vjp(loss, params, x)
+        assert len(TAPES.tapes) <= TAPES.KEEP
+        assert bits(vjp(jnp.float32(1))) == want  # dropped: the forward again
+        TAPES.clear()
+        assert bits(jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)) == want
+
+
 def test_fused_only_where_every_op_runs_exact(saved: dict) -> None:
     """use_impl("native") and a replica axis run op by op (the replica means sit inside
     the forward), as does fused = False."""

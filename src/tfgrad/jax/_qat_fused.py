@@ -4,6 +4,8 @@ one backward over :mod:`tfgrad.qat._exec`'s program (see :class:`Fused`)."""
 from __future__ import annotations
 
 import functools
+import itertools
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,11 +30,57 @@ def _places(node: Node) -> list[tuple[str, Quantizer]]:
     return [(place.removeprefix("weight:"), q) for place, q in node.quantizers()]
 
 
+class _Tapes:
+    """The forwards' tapes, host-side, by the token the forward callback returns as its
+    residual: the backward callback takes its tape from here instead of the tape's values
+    passing through XLA as residuals (MobileNetV2 at batch 32: 27 MB packed, copied out
+    and into fresh XLA buffers each step). A few are kept (a tape is taken by its
+    backward; a forward whose backward never runs is dropped in turn); a backward whose
+    tape is gone (a vjp kept and called later, or twice) runs the forward again on its
+    inputs, kept as residuals too: the program is deterministic, so the same tape."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self.tapes: dict[int, list[Any]] = {}
+        self.lock = threading.Lock()
+        self.count = itertools.count(1)
+
+    def put(self, values: list[Any]) -> np.ndarray:
+        token = next(self.count) % (2**31 - 1)  # (int32: JAX's default integer width)
+        with self.lock:
+            while len(self.tapes) >= self.KEEP:
+                self.tapes.pop(next(iter(self.tapes)))
+            self.tapes[token] = values
+        return np.array([token], np.int32)
+
+    def take(self, token: Any) -> list[Any] | None:
+        with self.lock:
+            return self.tapes.pop(int(np.asarray(token).reshape(-1)[0]), None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tapes.clear()
+
+
+TAPES = _Tapes()
+TOKEN = jax.ShapeDtypeStruct((1,), np.int32)
+
+
+def _owned(v: np.ndarray) -> bool:
+    """Whether ``v``'s memory is an array NumPy allocated (not a callback operand's XLA
+    buffer, which outlives the callback only as long as XLA wants)."""
+    while v.base is not None:
+        if type(v.base) is not np.ndarray:
+            return False
+        v = v.base
+    return v.flags.owndata
+
+
 class Spec:
     """One dry run of the program (per shapes, training flag and what wants a gradient):
-    the tape's structure, and the values its backward reads, packed into one flat buffer
-    per dtype (the residuals: a callback's every result array costs a copy and its own
-    bookkeeping; the program's tape holds about a thousand)."""
+    the tape's structure, and which of its values its backward reads (a tape kept for
+    the backward keeps only those: :class:`_Tapes`)."""
 
     def __init__(self, tape: _exec.Tape, leaves: dict[tuple[str, str], int],
                  slots: list[int], n_inputs: int):
@@ -40,21 +88,10 @@ class Spec:
         self.n_values = len(tape.values)
         self.names = [r[0] for r in tape.records]
         read, shaped = tape.reads()
+        self.read = sorted(read)
         # shapes alone: a zero-strided array of the shape stands in for the value
         self.placeholders = {s: np.broadcast_to(np.zeros((), tape.values[s].dtype),
                                                 tape.values[s].shape) for s in shaped}
-        dtypes: dict[np.dtype, int] = {}
-        self.layout: list[tuple[int, int, int, int, tuple[int, ...]]] = []
-        """(slot, buffer, offset, size, shape) of each value the backward reads."""
-        sizes: list[int] = []
-        for s in sorted(read):
-            v = tape.values[s]
-            d = dtypes.setdefault(np.dtype(v.dtype), len(dtypes))
-            if d == len(sizes):
-                sizes.append(0)
-            self.layout.append((s, d, sizes[d], v.size, tuple(v.shape)))
-            sizes[d] += -(-v.size // 16) * 16  # (64-byte offsets for float32)
-        self.buffers = [jax.ShapeDtypeStruct((n,), d) for d, n in zip(dtypes, sizes)]
         self.leaves = leaves
         self.in_slots, self.out_slots = slots[:n_inputs], slots[n_inputs:]
         self.traces: dict[tuple, list] = {}
@@ -67,19 +104,18 @@ class Spec:
         state["traces"], state["steps"] = {}, {}
         return state
 
-    def pack(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
-        bufs = [np.empty(b.shape, b.dtype) for b in self.buffers]
-        for s, d, at, n, _ in self.layout:
-            bufs[d][at:at + n] = values[s].reshape(-1)
-        return bufs
-
-    def unpack(self, bufs: Sequence[np.ndarray]) -> list[Any]:
+    def kept(self, tape: _exec.Tape) -> list[Any]:
+        """The values of ``tape`` (a run of this spec) that its backward reads, each in
+        memory of its own (a callback operand's copied)."""
+        if len(tape.values) != self.n_values or [r[0] for r in tape.records] != self.names:
+            raise RuntimeError("tfgrad.jax.qat: the fused program's tape differs from its "
+                               "dry run (please report this)")
         values: list[Any] = [None] * self.n_values
         for s, v in self.placeholders.items():
             values[s] = v
-        arrays = [np.asarray(b) for b in bufs]
-        for s, d, at, n, shape in self.layout:
-            values[s] = arrays[d][at:at + n].reshape(shape)
+        for s in self.read:
+            v = tape.values[s]
+            values[s] = v if _owned(v) else v.copy()
         return values
 
 
@@ -87,8 +123,8 @@ class Fused:
     """The exact path of a whole ``apply`` as one host callback forward and one backward:
     :mod:`tfgrad.qat._exec`'s program of TF's ops on NumPy arrays (the one
     ``tfgrad.torch.qat`` runs as one autograd node), the same bits as the op-by-op path
-    without a callback per op. The forward returns the values the backward reads as
-    residuals; their shapes come from a dry run of the program when the apply is traced.
+    without a callback per op. The forward keeps its tape for the backward (:class:`_Tapes`);
+    the tape's structure comes from a dry run of the program when the apply is traced.
     Used where every op would run exact (``use_impl("exact")``, or ``"auto"`` with the
     CPU as JAX's only device), without ``axis_name`` (the replica means sit inside the
     forward), and where the program runs the layers (``_exec.unsupported``; dropout
@@ -171,24 +207,18 @@ class Fused:
                          *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
             n_x, n_p = len(xs), len(ps)
             xa, pa, sa = arrays[:n_x], arrays[n_x:n_x + n_p], arrays[n_x + n_p:]
-            st, fresh = fused._state(pkeys, skeys, pa, sa, need_p, training)
-            outs, tape, _, _ = fused.program.forward(
-                [np.asarray(x) for x in xa], st, spec is not None, list(need_x), batch_range)
-            res: list[np.ndarray] = []
-            if spec is not None:
-                if (len(tape.values) != spec.n_values
-                        or [r[0] for r in tape.records] != spec.names):
-                    raise RuntimeError("tfgrad.jax.qat: the fused program's tape differs "
-                                       "from its dry run (please report this)")
-                res = spec.pack(tape.values)
-            return (*outs, *fresh, *res)
+            outs, tape, fresh = fused.host_forward(pkeys, skeys, xa, pa, sa, need_x, need_p,
+                                                   training, spec is not None)
+            if spec is None:
+                return (*outs, *fresh)
+            return (*outs, *fresh, TAPES.put(spec.kept(tape)))
 
         def forward_call(need_x: Sequence[bool], need_p: Sequence[bool], spec: Spec | None,
                          out_specs: list, *operands: jax.Array) -> list[jax.Array]:
             host = functools.partial(host_forward, need_x, need_p, spec)
             host._tfgrad_host = True  # type: ignore[attr-defined]  # (_exact's lowering)
             result = [*out_specs, *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in ss),
-                      *(spec.buffers if spec is not None else ())]
+                      *((TOKEN,) if spec is not None else ())]
             return list(jax.pure_callback(host, result, *operands,
                                           vmap_method="sequential"))
 
@@ -214,11 +244,12 @@ class Fused:
             spec = fused.spec(key, pkeys, skeys, xv, pv, sv, need_x, need_p, training)
             got = forward_call(need_x, need_p, spec, out_specs, *xv, *pv, *sv)
             n_s = len(sv)
-            outs, new, res = got[:n_out], got[n_out:n_out + n_s], got[n_out + n_s:]
+            outs, new, token = got[:n_out], got[n_out:n_out + n_s], got[n_out + n_s]
             shapes = ([(tuple(v.shape), v.dtype) for v in xv],
                       [(tuple(v.shape), v.dtype) for v in pv])
             static.append((spec, need_x, need_p, shapes))  # (residuals are arrays only)
-            return (tuple(outs), tuple(new)), tuple(res)
+            # (the inputs: to run the forward again where the tape is gone)
+            return (tuple(outs), tuple(new)), (token, *xv, *pv, *sv)
 
         def run_bwd(res: tuple, cts: tuple) -> tuple:
             spec, need_x, need_p, (x_shapes, p_shapes) = static[-1]
@@ -230,7 +261,14 @@ class Fused:
             grads: list[Any] = []
             if wanted and given:
                 def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-                    return fused.backward(spec, pkeys, arrays[:len(res)],
+                    values = TAPES.take(arrays[0])
+                    if values is None:
+                        n_x, n_p = len(need_x), len(need_p)
+                        xa, pa = arrays[1:1 + n_x], arrays[1 + n_x:1 + n_x + n_p]
+                        sa = arrays[1 + n_x + n_p:len(res)]
+                        values = spec.kept(fused.host_forward(
+                            pkeys, skeys, xa, pa, sa, need_x, need_p, training, True)[1])
+                    return fused.backward(spec, pkeys, values,
                                           {k: arrays[len(res) + i] for i, k in enumerate(given)},
                                           wanted, x_shapes, p_shapes)
 
@@ -267,10 +305,20 @@ class Fused:
             found = self.outs[key] = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
         return found
 
-    def backward(self, spec: Spec, pkeys: list, res: Sequence[np.ndarray],
+    def host_forward(self, pkeys: list, skeys: list, xa: Sequence[np.ndarray],
+                     pa: Sequence[np.ndarray], sa: Sequence[np.ndarray],
+                     need_x: Sequence[bool], need_p: Sequence[bool], training: bool,
+                     grad: bool) -> tuple[list[np.ndarray], _exec.Tape, list[np.ndarray]]:
+        """The program on a callback's arrays: outputs, tape, the new state."""
+        st, fresh = self._state(pkeys, skeys, pa, sa, need_p, training)
+        outs, tape, _, _ = self.program.forward([np.asarray(x) for x in xa], st, grad,
+                                                list(need_x), batch_range)
+        return outs, tape, fresh
+
+    def backward(self, spec: Spec, pkeys: list, values: list[Any],
                  cts: dict[int, np.ndarray], wanted: list[tuple[str, int]],
                  x_shapes: list, p_shapes: list) -> tuple[np.ndarray, ...]:
-        tape = _exec.Tape(spec.unpack(res), spec.records, spec.needs, spec.traces,
+        tape = _exec.Tape(values, spec.records, spec.needs, spec.traces,
                           spec.steps)
         g = tape.backward({spec.out_slots[k]: np.ascontiguousarray(c, np.float32)
                            for k, c in cts.items()})
