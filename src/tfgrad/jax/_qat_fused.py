@@ -205,10 +205,8 @@ class Fused:
 
         def host_forward(need_x: Sequence[bool], need_p: Sequence[bool], spec: Spec | None,
                          *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-            n_x, n_p = len(xs), len(ps)
-            xa, pa, sa = arrays[:n_x], arrays[n_x:n_x + n_p], arrays[n_x + n_p:]
-            outs, tape, fresh = fused.host_forward(pkeys, skeys, xa, pa, sa, need_x, need_p,
-                                                   training, spec is not None)
+            outs, tape, fresh = fused.run_program(pkeys, skeys, arrays, need_x, need_p,
+                                                  training, spec is not None)
             if spec is None:
                 return (*outs, *fresh)
             return (*outs, *fresh, TAPES.put(spec.kept(tape)))
@@ -263,11 +261,9 @@ class Fused:
                 def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
                     values = TAPES.take(arrays[0])
                     if values is None:
-                        n_x, n_p = len(need_x), len(need_p)
-                        xa, pa = arrays[1:1 + n_x], arrays[1 + n_x:1 + n_x + n_p]
-                        sa = arrays[1 + n_x + n_p:len(res)]
-                        values = spec.kept(fused.host_forward(
-                            pkeys, skeys, xa, pa, sa, need_x, need_p, training, True)[1])
+                        values = spec.kept(fused.run_program(
+                            pkeys, skeys, arrays[1:len(res)], need_x, need_p, training,
+                            True)[1])
                     return fused.backward(spec, pkeys, values,
                                           {k: arrays[len(res) + i] for i, k in enumerate(given)},
                                           wanted, x_shapes, p_shapes)
@@ -305,11 +301,13 @@ class Fused:
             found = self.outs[key] = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
         return found
 
-    def host_forward(self, pkeys: list, skeys: list, xa: Sequence[np.ndarray],
-                     pa: Sequence[np.ndarray], sa: Sequence[np.ndarray],
-                     need_x: Sequence[bool], need_p: Sequence[bool], training: bool,
-                     grad: bool) -> tuple[list[np.ndarray], _exec.Tape, list[np.ndarray]]:
-        """The program on a callback's arrays: outputs, tape, the new state."""
+    def run_program(self, pkeys: list, skeys: list, arrays: Sequence[np.ndarray],
+                    need_x: Sequence[bool], need_p: Sequence[bool], training: bool,
+                    grad: bool) -> tuple[list[np.ndarray], _exec.Tape, list[np.ndarray]]:
+        """The program on a callback's arrays (the inputs, the params, the state): its
+        outputs, its tape, the new state."""
+        n_x, n_p = len(need_x), len(need_p)
+        xa, pa, sa = arrays[:n_x], arrays[n_x:n_x + n_p], arrays[n_x + n_p:]
         st, fresh = self._state(pkeys, skeys, pa, sa, need_p, training)
         outs, tape, _, _ = self.program.forward([np.asarray(x) for x in xa], st, grad,
                                                 list(need_x), batch_range)
