@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -329,8 +330,13 @@ def forward(model: list[Layer], x: np.ndarray, mode: str) -> np.ndarray:
     return x
 
 
-def backward(model: list[Layer], g: np.ndarray) -> None:
+def backward(model: list[Layer], g: np.ndarray,
+             before: Callable[[Layer], None] | None = None) -> None:
+    """Every layer's backward, last to first (``before`` called with each layer first);
+    the first layer's input gradient is not computed (nothing takes it)."""
     for i in reversed(range(len(model))):
+        if before is not None:
+            before(model[i])
         g = model[i].backward(g, need_input=i > 0)
 
 
@@ -385,18 +391,18 @@ def _compile(model: list[Layer], x: np.ndarray, y: np.ndarray) -> float:
     second core: the backward waits for it there and loads them from Numba's cache."""
     t0 = time.perf_counter()
     child = _start_depthwise_grads(model, x)
+
+    def wait_at_depthwise(layer: Layer) -> None:
+        if isinstance(layer, DepthwiseConv) and child is not None:
+            child.wait()
+
     try:
         scratch = copy.deepcopy(model)
         forward(scratch, x, EVAL_QUANT)
         forward(scratch, x, EVAL_FLOAT)
-        g = softmax_xent(forward(scratch, x, TRAIN), y)[1]
-        for i in reversed(range(len(scratch))):
-            if child is not None and isinstance(scratch[i], DepthwiseConv):
-                child.wait()
-                child = None
-            g = scratch[i].backward(g, need_input=i > 0)
+        backward(scratch, softmax_xent(forward(scratch, x, TRAIN), y)[1], wait_at_depthwise)
     finally:
-        if child is not None:
+        if child is not None and child.poll() is None:
             child.kill()
             child.wait()
     return time.perf_counter() - t0
