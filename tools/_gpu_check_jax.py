@@ -8,7 +8,10 @@ against the exact CPU kernels, and one training step timed with each implementat
    cases), against ``tfgrad.raw_ops.<Op>`` (the exact kernels, on the host), within each
    family's ``BOUNDS`` (``tfgrad.jax._native.<family>``); the largest distance per op,
    output and dtype.
-2. One jitted training step of examples/jax_sharded_qat.py's model (batch 64, one device)
+2. The backend's float32 division and square root against IEEE's (NumPy's) on 4M random
+   operands, and ``tfgrad.jax._native._ieee.div_rn`` (the native ops' division), which must
+   be IEEE's for every normal quotient.
+3. One jitted training step of examples/jax_sharded_qat.py's model (batch 64, one device)
    with ``use_impl("native")`` and with ``use_impl("exact")`` (host callbacks), median of
    repeated runs.
 
@@ -94,6 +97,43 @@ def check_cases(report: list[str], per_op: int | None = None) -> list[str]:
     return failures
 
 
+def check_division(report: list[str]) -> list[str]:
+    """The backend's division and square root against IEEE's; div_rn must be IEEE's."""
+    import jax
+
+    from tfgrad.jax._native._ieee import div_rn
+
+    rng = np.random.default_rng(0)
+    n = 1 << 22
+
+    def floats(lo: int, hi: int) -> np.ndarray:
+        e = rng.integers(lo, hi + 1, n).astype(np.uint32) << 23
+        s = rng.integers(0, 2, n).astype(np.uint32) << 31
+        return (s | e | rng.integers(0, 1 << 23, n).astype(np.uint32)).view(np.float32)
+
+    a, b = floats(64, 190), floats(64, 190)
+    v = np.abs(floats(100, 150))
+    with np.errstate(all="ignore"):
+        want = a / b
+    root = np.sqrt(v)
+    rows = [("a / b", jax.jit(lambda a, b: a / b)(a, b), want),
+            ("div_rn(a, b)", jax.jit(div_rn)(a, b), want),
+            ("sqrt(v)", jax.jit(jax.numpy.sqrt)(v), root)]
+    report.append(f"## float32 arithmetic on {jax.devices()[0].platform}: {n} random operands "
+                  "against IEEE's (normal results)\n")
+    report.append("| operation | results not IEEE's |")
+    report.append("|---|---|")
+    failures = []
+    for name, got, ieee in rows:
+        normal = np.abs(ieee) >= np.finfo(np.float32).tiny  # (XLA:CPU flushes denormals)
+        differ = int((np.asarray(got).view(np.uint32) != ieee.view(np.uint32))[normal].sum())
+        report.append(f"| {name} | {differ} |")
+        if name.startswith("div_rn") and differ:
+            failures.append(f"div_rn: {differ} quotients not IEEE's")
+    report.append("")
+    return failures
+
+
 def time_step(report: list[str], repeats: int = 20) -> None:
     """One jitted training step of the example's model, native and exact."""
     import jax
@@ -122,7 +162,7 @@ def time_step(report: list[str], repeats: int = 20) -> None:
 
 
 def run(report: list[str], per_op: int | None = None) -> None:
-    failures = check_cases(report, per_op)
+    failures = check_cases(report, per_op) + check_division(report)
     time_step(report)
     assert not failures, f"{len(failures)} JAX native case(s) beyond their bounds"
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...ops import avg_pool as _ap
+from ._ieee import div_rn
 
 # Largest distance from the exact kernels (tfgrad._distance), op -> output -> dtype:
 # TF's operations in TF's order, bit-identical (measured over the case table, XLA:CPU).
@@ -58,9 +59,10 @@ def _add(a: Array, b: Array) -> Array:
 
 
 def _div(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once: a divisor that depends on ``a`` (replaced where a is NaN,
-    which changes nothing) is never a constant XLA turns into a reciprocal."""
-    return a / jnp.where(jnp.isnan(a), a, b)
+    """``a / b`` rounded once (div_rn: IEEE's on every backend): a divisor that depends
+    on ``a`` (replaced where a is NaN, which changes nothing) is never a constant XLA
+    turns into a reciprocal."""
+    return div_rn(a, jnp.where(jnp.isnan(a), a, b))
 
 
 def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._distance import Bounds, bounds_by_output
+from ._ieee import div_rn
 
 _F32 = jnp.float32
 _NAN = np.float32(np.nan)
@@ -86,14 +87,14 @@ def _r(v: Array) -> Array:
 
 
 def _rsqrt(v: Array) -> Array:
-    return np.float32(1) / _r(jnp.sqrt(v))  # exact; XLA's rsqrt is an approximation
+    return div_rn(np.float32(1), _r(jnp.sqrt(v)))  # exact; XLA's rsqrt is an approximation
 
 
 def _div(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once: XLA turns a division by a constant into a multiplication by
-    its reciprocal; a divisor that depends on ``a`` (replaced where a is NaN, which
-    changes nothing) is never constant."""
-    return a / jnp.where(jnp.isnan(a), a, b)
+    """``a / b`` rounded once (div_rn: IEEE's on every backend): XLA turns a division by
+    a constant into a multiplication by its reciprocal; a divisor that depends on ``a``
+    (replaced where a is NaN, which changes nothing) is never constant."""
+    return div_rn(a, jnp.where(jnp.isnan(a), a, b))
 
 
 def _layout(x: Array, data_format: str) -> tuple[int, tuple[int, ...], list[int]]:

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._ieee import div_rn
+
 Array = Any
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
 BOUNDS: dict[str, dict[str, dict[str, float]]] = {
@@ -73,9 +75,9 @@ def Rsqrt(*, x: Array) -> Array:
     v = ar.read(x.reshape(-1))
     s = lax.optimization_barrier(jnp.sqrt(v))
     if not ar.half:
-        return _ftz(1 / s).astype(x.dtype).reshape(x.shape)
-    tail = 1 / ar.round(s)  # the scalar tail rounds sqrt to T first
-    return ar.out(jnp.where(ar.body, 1 / s, tail)).reshape(x.shape)
+        return _ftz(div_rn(1, s)).astype(x.dtype).reshape(x.shape)
+    tail = div_rn(1, ar.round(s))  # the scalar tail rounds sqrt to T first
+    return ar.out(jnp.where(ar.body, div_rn(1, s), tail)).reshape(x.shape)
 
 
 def RsqrtGrad(*, y: Array, dy: Array) -> Array:

@@ -7,7 +7,8 @@ that by itself: it contracts a multiply and a following add into an FMA (measure
 reassociates constants (``(t - 3) + 0.5`` becomes ``t - 2.5``; Args' nudged range is
 constant) and divides by a constant as a multiplication by its reciprocal. :func:`_r` and
 :func:`_div` put a select XLA and LLVM cannot see through where that would change a
-rounding.
+rounding; :func:`_div` divides with ``_ieee.div_rn`` (XLA:GPU's own float32 division is up
+to 2 ulps off, a quantization step here).
 
 - Args: min and max are attrs, so the range is nudged on the host (float32 NumPy,
   :func:`tfgrad.ops.fake_quant.nudge`); Vars and PerChannel nudge their min/max arrays in
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...ops import fake_quant as _fq
+from ._ieee import div_rn
 
 _F32 = jnp.float32
 _TINY = np.float32(np.finfo(np.float32).tiny)  # smallest normal float32
@@ -70,7 +72,7 @@ def _div(a: Array, b: Array) -> Array:
     """``a / b`` rounded once: XLA turns a division by a constant (a nudged range folded
     from constant min/max) into a multiplication by its reciprocal; a divisor that depends
     on ``a`` (replaced where a is NaN, which changes nothing) is never constant."""
-    return a / jnp.where(jnp.isnan(a), a, _r(b))
+    return div_rn(a, jnp.where(jnp.isnan(a), a, _r(b)))
 
 
 def _ftz(v: Array) -> Array:

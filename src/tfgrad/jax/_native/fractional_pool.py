@@ -82,6 +82,7 @@ from jax import lax
 
 from ..._errors import InvalidArgumentError
 from ...ops import fractional_pool as _fp
+from ._ieee import div_rn
 from .philox import philox4x32_10
 
 # op -> output -> dtype -> largest distance allowed from tfgrad's CPU kernels (0: bit-identical)
@@ -294,7 +295,13 @@ def _div(a: jax.Array, b: jax.Array) -> jax.Array:
     """a / b, correctly rounded. XLA's algebraic simplifier rewrites a division by a
     broadcast (or a constant) into a multiplication by its reciprocal, which rounds twice;
     a full-size divisor behind an optimization barrier keeps the division (the barrier
-    stands until after the simplifier has run; measured, jax 0.10.2)."""
+    stands until after the simplifier has run; measured, jax 0.10.2); div_rn keeps it
+    IEEE's on a GPU."""
+    return div_rn(a, lax.optimization_barrier(jnp.broadcast_to(b, a.shape)))
+
+
+def _plain_div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """XLA's a / b (linear in a), for the tangent map."""
     return a / lax.optimization_barrier(jnp.broadcast_to(b, a.shape))
 
 
@@ -437,14 +444,16 @@ def _same(v: jax.Array) -> jax.Array:
 def _spread(g: jax.Array, rows: jax.Array, cols: jax.Array, h: int, w: int,
             overlapping: bool, acc_dtype: Any, ftz: bool = True) -> jax.Array:
     """Each input element's sum, in ``acc_dtype`` from +0 in output row-major order, of
-    g / count over the (at most 4) cells holding it (``ftz``: flushing denormals, which
-    the tangent map, linear, leaves out)."""
+    g / count over the (at most 4) cells holding it (``ftz``: flushing denormals and
+    dividing with div_rn, which the tangent map leaves out: JAX transposes it, so it must
+    be linear in g)."""
     _, mr, mc, _ = g.shape
     rs, re = _cells(rows, mr, h, overlapping)
     cs, ce = _cells(cols, mc, w, overlapping)
     count = ((re - rs + 1)[:, None] * (ce - cs + 1)[None, :]).astype(acc_dtype)
     fl = _ftz if ftz else _same
-    share = fl(_div(fl(g).astype(acc_dtype), count[None, :, :, None]))
+    divide = _div if ftz else _plain_div
+    share = fl(divide(fl(g).astype(acc_dtype), count[None, :, :, None]))
     acc = _opaque(jnp.zeros((g.shape[0], h, w, g.shape[3]), acc_dtype))  # +0.0, as TF's
     col_owners = _owners(cs, ce, w)
     for r, r_ok in _owners(rs, re, h):  # the (at most 4) cells in output row-major order

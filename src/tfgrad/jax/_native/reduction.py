@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...ops import reduction as _r
+from ._ieee import div_rn
 
 _TINY = np.float32(np.finfo(np.float32).tiny)  # smallest normal float32
 
@@ -48,11 +49,12 @@ def _ftz(v: Array) -> Array:
 
 
 def _div(a: Array, c: np.float32) -> Array:
-    """``a / c`` rounded once: XLA turns a division by a constant into a multiplication by
-    its reciprocal; a divisor that depends on ``a`` (replaced where a is NaN, which changes
-    nothing) is never constant. (stop_gradient: the divisor is a constant to autodiff, so
-    the tangent is t / c, with no 0 * inf term.)"""
-    return a / jax.lax.stop_gradient(jnp.where(jnp.isnan(a), a, c))
+    """``a / c`` rounded once (div_rn: IEEE's on every backend): XLA turns a division by
+    a constant into a multiplication by its reciprocal; a divisor that depends on ``a``
+    (replaced where a is NaN, which changes nothing) is never constant. (stop_gradient:
+    the divisor is a constant to autodiff, so the tangent is t / c, with no 0 * inf
+    term.)"""
+    return div_rn(a, jax.lax.stop_gradient(jnp.where(jnp.isnan(a), a, c)))
 
 
 def _reduce(name: str, x: Array, axis: tuple[int, ...], keep_dims: bool, mean: bool) -> Array:

@@ -1,0 +1,101 @@
+"""IEEE arithmetic XLA does not promise on every backend.
+
+:func:`div_rn`: float division rounded once to nearest even. XLA:CPU's division is IEEE; XLA:GPU
+lowers a float32 division to PTX's ``div.full.f32`` (``-nvptx-prec-divf32=1``: up to 2 ulps
+off), which moves a quantization step or an average by an ulp (measured on an H200 with
+tools/gpu_check.py). Off the CPU the quotient is computed from the operands' bits with
+32-bit integer long division, which every backend does exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+Array = Any
+
+_U32 = jnp.uint32
+_I32 = jnp.int32
+# Tests set this to run the integer division on the CPU too (read while tracing).
+FORCE_INTEGER_DIVISION = False
+
+
+def _integer_div(a: Array, b: Array) -> Array:
+    """float32 ``a / b`` rounded to nearest even where the quotient is normal, from the
+    operands' bits: 24-bit significands divided to 26 quotient bits and a sticky bit.
+    Elsewhere (zero, inf or NaN operands, denormal operands or quotients) the backend's
+    own quotient; an overflow rounds to inf as IEEE's does."""
+    q = a / b
+    ua, ub = lax.bitcast_convert_type(a, _U32), lax.bitcast_convert_type(b, _U32)
+    ea = ((ua >> 23) & 0xFF).astype(_I32)
+    eb = ((ub >> 23) & 0xFF).astype(_I32)
+    ma = (ua & 0x7FFFFF) | 0x800000
+    mb = (ub & 0x7FFFFF) | 0x800000
+    # Restoring long division: quot = floor(ma * 2**26 / mb), in [2**25, 2**27); the
+    # remainder stays below 2 * mb < 2**25.
+    rem, quot = ma, jnp.zeros_like(ma)
+    for _ in range(27):
+        bit = rem >= mb
+        rem = jnp.where(bit, rem - mb, rem) << 1
+        quot = (quot << 1) | bit.astype(_U32)
+    big = quot >= (1 << 26)  # ma >= mb: the quotient of the significands is in [1, 2)
+    shift = jnp.where(big, _U32(3), _U32(2))
+    sig = quot >> shift
+    guard = (quot >> (shift - 1)) & 1
+    sticky = ((quot & ((_U32(1) << (shift - 1)) - 1)) != 0) | (rem != 0)
+    sig = sig + (guard & (sticky.astype(_U32) | (sig & 1)))
+    carry = sig >> 24  # rounded up to 2**24: the next binade
+    e = ea - eb + 127 - 1 + big.astype(_I32) + carry.astype(_I32)
+    sign = (ua ^ ub) & _U32(0x80000000)
+    normal = sign | (e.clip(0, 254).astype(_U32) << 23) | ((sig >> carry) & 0x7FFFFF)
+    inf = sign | _U32(0x7F800000)
+    bits = jnp.where(e >= 255, inf, normal)
+    usable = (ea > 0) & (ea < 255) & (eb > 0) & (eb < 255) & (e > 0)
+    return jnp.where(usable, lax.bitcast_convert_type(bits, jnp.float32), q)
+
+
+def _div_rn(a: Array, b: Array) -> Array:
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    dt = jnp.result_type(a, b)
+    if dt == jnp.float64 or not jnp.issubdtype(dt, jnp.floating):
+        return a / b  # float64 division is IEEE on every backend XLA has
+    a32, b32 = jnp.broadcast_arrays(a.astype(jnp.float32), b.astype(jnp.float32))
+    if FORCE_INTEGER_DIVISION:
+        q = _integer_div(a32, b32)
+    else:
+        q = lax.platform_dependent(a32, b32, cpu=lambda x, y: x / y, default=_integer_div)
+    # float16 / bfloat16: the float32 quotient rounded again is the correctly rounded one
+    # (24 >= 2 * 11 + 2 bits)
+    return q.astype(dt)
+
+
+@jax.custom_jvp
+def div_rn(a: Array, b: Array) -> Array:
+    """``a / b`` rounded once (IEEE, to nearest even) on every backend; differentiates as
+    ``a / b``. Callers still keep a constant divisor away from XLA's reciprocal rewrite,
+    which the CPU's plain division is open to."""
+    return _div_rn(a, b)
+
+
+def _div_rn_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
+    # jax.lax's rules for div (d/da = 1 / b, d/db = -a / b**2), skipping zero tangents (a
+    # constant divisor gives t / b, no 0 * inf)
+    a, b = primals
+    ta, tb = tangents
+    out = div_rn(a, b)
+    t = None
+    if not isinstance(ta, SymbolicZero):
+        t = ta / b
+    if not isinstance(tb, SymbolicZero):
+        tb_part = (-tb * a) * lax.integer_pow(b, -2)
+        t = tb_part if t is None else t + tb_part
+    if t is None:
+        t = jnp.zeros_like(out)
+    return out, jnp.broadcast_to(t, out.shape).astype(out.dtype)
+
+
+div_rn.defjvp(_div_rn_jvp, symbolic_zeros=True)
