@@ -39,14 +39,9 @@ def _times(step: Callable[[], object], warm: int, n: int) -> dict[str, float]:
 
 
 def _batch(path: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    from tfgrad.qat import load_plan
+    from tfgrad.testing.qat import file_batch
 
-    plan, _ = load_plan(path)
-    shape = plan.node(plan.inputs[0]).output_shape[1:]
-    classes = plan.node(plan.outputs[0]).output_shape[-1]
-    rng = np.random.default_rng(0)
-    return (rng.standard_normal((batch, *shape)).astype(np.float32),
-            rng.standard_normal((batch, classes)).astype(np.float32))
+    return file_batch(path, batch)
 
 
 def tf_child(path: str, batch: int, warm: int, n: int) -> dict[str, float]:

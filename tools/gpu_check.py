@@ -13,6 +13,11 @@
    ``batch_norm``, ``conv2d`` with groups, ``FractionalMaxPool2d``), forward and
    forward+backward, and one training step of examples/torch_qat_mobilenet.py's model.
 4. The JAX native path (tools/_gpu_check_jax.py), unless --skip-jax.
+5. With ``--qat MODEL.h5`` (a tfmot QAT model: ``benchmarks/qat_step.py --build MODEL.h5``):
+   the model trained on the device by tfgrad.torch.qat and (unless --skip-jax)
+   tfgrad.jax.qat against tfgrad.torch.qat's exact CPU step (TF's bits; computed once
+   and kept beside the model as MODEL.h5.cpu.npz, so a GPU machine needs no warm Numba
+   cache for it): step-0 outputs, every weight and range after step 1, the losses.
 
 Nothing in CI needs a GPU; ``--device cpu`` runs the same checks on the CPU (portable
 path forced) to keep this script working. Meant to finish in under 5 minutes on one GPU.
@@ -264,12 +269,140 @@ def timings(device: str, report: list[str], quick: bool) -> None:
                   f"24x24) on {device}: {ms:.2f} ms.\n")
 
 
+def _flat(weights: dict) -> dict[str, np.ndarray]:
+    return {f"w1/{layer}/{name}": np.asarray(v) for layer, ws in weights.items()
+            for name, v in ws}
+
+
+def _qat_torch(device: str, path: str, x: np.ndarray, c: np.ndarray, steps: int,
+               timed: int) -> dict[str, np.ndarray]:
+    """``steps`` SGD steps (loss sum(y * c), lr 0.05) of tfgrad.torch.qat on ``device``:
+    the step-0 outputs, every weight after step 1, the losses, then ``timed`` steps' ms."""
+    import tfgrad.torch.qat as tq
+
+    m = tq.load_keras(path).train().to(device)
+    xt, ct = torch.from_numpy(x).to(device), torch.from_numpy(c).to(device)
+    out: dict[str, np.ndarray] = {}
+    losses, times = [], []
+    for step in range(steps + timed):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        y = m(xt)
+        loss = (y * ct).sum()
+        loss.backward()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.sub_(0.05 * p.grad)
+                p.grad = None
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if step == 0:
+            out["out0"] = y.detach().cpu().numpy()
+            out.update(_flat(m.keras_weights()))
+        if step < steps:
+            losses.append(loss.item())
+    out["loss"] = np.array(losses, np.float32)
+    out["ms"] = np.array(statistics.median(times[steps:]) if timed else np.nan)
+    return out
+
+
+def _qat_jax(path: str, x: np.ndarray, c: np.ndarray, steps: int, timed: int
+             ) -> dict[str, np.ndarray]:
+    """The same steps with tfgrad.jax.qat under jit on JAX's default device."""
+    import jax
+    import jax.numpy as jnp
+
+    import tfgrad.jax.qat as jq
+
+    m = jq.load_keras(path)
+
+    def loss(params: dict, state: dict) -> tuple:
+        y, new = m.apply({"params": params, "state": state}, x, training=True)
+        return jnp.sum(y * c), (y, new["state"])
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    lr = jnp.float32(0.05)
+    v = {"params": m.variables["params"], "state": m.variables["state"]}
+    out: dict[str, np.ndarray] = {}
+    losses, times = [], []
+    for i in range(steps + timed):
+        t0 = time.perf_counter()
+        (value, (y, state)), g = grad(v["params"], v["state"])
+        # SGD eagerly: p - lr * g rounded twice, as TF's assign_sub (jit would fuse an FMA)
+        v = jax.block_until_ready({"params": jax.tree.map(lambda p, d: p - lr * d,
+                                                          v["params"], g), "state": state})
+        times.append((time.perf_counter() - t0) * 1e3)
+        if i == 0:
+            out["out0"] = np.asarray(y)
+            out.update(_flat(m.keras_weights(v)))
+        if i < steps:
+            losses.append(float(value))
+    out["loss"] = np.array(losses, np.float32)
+    out["ms"] = np.array(statistics.median(times[steps:]) if timed else np.nan)
+    return out
+
+
+def check_qat(device: str, path: str, report: list[str], jax_too: bool, batch: int = 8,
+              steps: int = 3) -> bool:
+    """A tfmot QAT model trained on the device against tfgrad.torch.qat's exact CPU step."""
+    from tfgrad.testing.qat import file_batch
+
+    x, c = file_batch(path, batch)
+    ref_path = Path(path + ".cpu.npz")
+    if not ref_path.exists():
+        with tt.use_impl("exact"):
+            ref = _qat_torch("cpu", path, x, c, steps, 0)
+        np.savez(ref_path, **ref)
+    ref = dict(np.load(ref_path))
+    t0 = time.perf_counter()
+    runs = {f"tfgrad.torch.qat on {device}": _qat_torch(device, path, x, c, steps, 5)}
+    print(f"[qat: torch {time.perf_counter() - t0:.1f}s]", file=sys.stderr, flush=True)
+    if jax_too:
+        import jax
+
+        t0 = time.perf_counter()
+        runs[f"tfgrad.jax.qat (jit) on {jax.devices()[0].platform}"] = _qat_jax(
+            path, x, c, steps, 5)
+        print(f"[qat: jax {time.perf_counter() - t0:.1f}s]", file=sys.stderr, flush=True)
+    names = [k for k in ref if k.startswith("w1/")]
+    ranges = [k for k in names if k.rsplit("/", 1)[1].split(":")[0].endswith(("min", "max"))]
+    report.append(f"## A tfmot QAT model trained on the device: {Path(path).name}, batch "
+                  f"{batch}, {steps} SGD steps, against tfgrad.torch.qat's exact CPU step\n")
+    report.append("| run | step-0 outputs | weights after step 1 | ranges after step 1 | "
+                  "losses (CPU exact: " + ", ".join(f"{v:.6g}" for v in ref["loss"])
+                  + ") | ms a step |")
+    report.append("|---|---|---|---|---|---|")
+    ok = True
+
+    def dist(a: np.ndarray, b: np.ndarray) -> float:
+        return 0.0 if _distance.bit_identical(a, b) else float(_distance.distance(a, b))
+
+    for label, got in runs.items():
+        d0 = dist(got["out0"], ref["out0"])
+        dw = [dist(got[k], ref[k]) for k in names if k not in ranges]
+        dr = [dist(got[k], ref[k]) for k in ranges]
+        same = sum(d == 0 for d in dr)
+        ok = ok and bool(np.isfinite(got["loss"]).all())
+        report.append(
+            f"| {label} | {'bit-identical' if d0 == 0 else f'{d0:.3g}'} | "
+            f"{sum(d == 0 for d in dw)} of {len(dw)} bit-identical, largest {max(dw):.3g} | "
+            f"{same} of {len(dr)} bit-identical, largest {max(dr, default=0):.3g} | "
+            + ", ".join(f"{v:.6g}" for v in got["loss"]) + f" | {float(got['ms']):.1f} |")
+    report.append("")
+    return ok
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", help="also write the report to this markdown file")
     p.add_argument("--skip-jax", action="store_true")
     p.add_argument("--quick", action="store_true", help="small timing shapes")
+    p.add_argument("--qat", metavar="MODEL.h5", help="also train this tfmot QAT model")
+    p.add_argument("--only", help="only these parts, comma-separated (cases, compile, "
+                   "autocast, timings, qat, jax)")
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: run with --device cpu to check the portable path on the CPU")
@@ -281,6 +414,9 @@ def main() -> int:
              ("compile", lambda: check_compile(args.device, report)),
              ("autocast", lambda: check_autocast(args.device, report)),
              ("timings", lambda: timings(args.device, report, args.quick) or True)]
+    if args.qat:
+        steps.append(("qat", lambda: check_qat(args.device, args.qat, report,
+                                               not args.skip_jax)))
     if not args.skip_jax:
         def jax_part() -> bool:
             sys.path.insert(0, str(ROOT / "tools"))
@@ -290,6 +426,8 @@ def main() -> int:
             return True
         steps.append(("jax", jax_part))
     for label, fn in steps:
+        if args.only and label not in args.only.split(","):
+            continue
         t0 = time.perf_counter()
         try:
             ok = bool(fn()) and ok

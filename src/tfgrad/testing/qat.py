@@ -191,6 +191,19 @@ def batches(model: Any, n: int, batch: int, seed: int = 7
     return xs, cs
 
 
+def file_batch(path: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """One input batch for the Keras file's model (read from its plan: no TF) and the
+    loss's ``c``: the benchmarks' and the GPU check's."""
+    from ..qat import load_plan
+
+    plan, _ = load_plan(path)
+    shape = plan.node(plan.inputs[0]).output_shape[1:]
+    classes = plan.node(plan.outputs[0]).output_shape[-1]
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((batch, *shape)).astype(np.float32),
+            rng.standard_normal((batch, classes)).astype(np.float32))
+
+
 def by_name(weights: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
     """A port's ``keras_weights()`` as one dict by weight name."""
     return {n: v for layer in weights.values() for n, v in layer}
