@@ -868,10 +868,12 @@ def test_warmup_inputs_select_every_variant(monkeypatch):
 
     chosen: list[Variant] = []
     monkeypatch.setattr(K, "kernel", lambda v: chosen.append(v) or "kernel")
+    monkeypatch.setattr(K, "_VECS", {})  # (each selection, not the memo of earlier ones)
     monkeypatch.setattr(K, "_run", lambda *args: None)
     rng = np.random.default_rng(0)
     for v, warm in VARIANT_WARMUP:
         chosen.clear()
+        K._VECS.clear()
         getattr(tfgrad.raw_ops, warm.op)(**warm.make(rng))
         assert chosen == [v], warm.name
     assert sorted(map(repr, (v for v, _ in VARIANT_WARMUP))) == sorted(

@@ -32,12 +32,20 @@ stores (register-blocked kernels): no read-for-ownership of lines only written. 
 lower it.)"""
 
 
-def _vec(mode: int, v: Variant) -> Any:
-    """The register-blocked kernel ``v``, or None where there is none (other filter sizes,
-    and the half types, which round after every step)."""
-    if mode != NONE or (v.fh, v.fw) not in SIZES:
-        return None
-    return kernel(v)
+def _vec(mode: int, op: str, fh: int, fw: int, **flags: bool) -> Any:
+    """The register-blocked kernel ``Variant(op, fh, fw, **flags)``, or None where there is
+    none (other filter sizes, and the half types, which round after every step). Looked
+    up by a plain tuple: building and hashing the Variant cost ~1.3 us a call."""
+    key = (mode, op, fh, fw, *flags.items())
+    vec = _VECS.get(key, _NONE)
+    if vec is _NONE:
+        vec = _VECS[key] = (None if mode != NONE or (fh, fw) not in SIZES
+                            else kernel(Variant(op, fh, fw, **flags)))
+    return vec
+
+
+_VECS: dict[tuple, Any] = {}
+_NONE = object()
 
 
 def _macs(geo: Geometry) -> int:
@@ -95,7 +103,7 @@ def forward(x: np.ndarray, w: np.ndarray, geo: Geometry) -> np.ndarray:
     # kernels): no read-for-ownership of lines that are only written.
     out, stream = stream_output((geo.N, geo.oh, geo.ow, geo.C * geo.M), _work_dtype(dt),
                                 _STREAM_MIN_BYTES)
-    vec = _vec(mode, Variant("forward", geo.fh, geo.fw, stream=stream))
+    vec = _vec(mode, "forward", geo.fh, geo.fw, stream=stream)
     negz = np.zeros(geo.N * geo.oh, np.bool_)  # output rows with a -0 (dilated: to redo)
     if out.size and vec is not None:
         _run(vec, geo.N * geo.oh, work, x, w, out, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt,
@@ -126,13 +134,14 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     nl = 64 // g.dtype.itemsize
     blocked = geo.M > 1 and geo.C * geo.M % nl == 0
     pair = HOST_AVX512 and blocked and geo.M == 2 and geo.C * geo.M % (2 * nl) == 0
-    v = Variant("backprop_input", geo.fh, geo.fw, stream=stream and geo.M == 1,
-                blocked=blocked, pstream=stream and pair, pair=pair)
-    vec = _vec(mode, v)
+    v_stream, v_pstream = stream and geo.M == 1, stream and pair
+    vec = _vec(mode, "backprop_input", geo.fh, geo.fw, stream=v_stream, blocked=blocked,
+               pstream=v_pstream, pair=pair)
     finite = bool(np.isfinite(w).all())
     negz = np.zeros(geo.N * geo.H, np.bool_)  # input rows with a -0 to redo
     if finite and vec is not None:
-        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes, negz, v.stream, v.pstream)
+        _run(vec, geo.N * geo.H, work, w, g, out, *args[:6], lanes, negz, v_stream,
+             v_pstream)
     elif finite and mode == NONE:
         _run(kbi.finite, geo.N * geo.H, work, w, _weight_tile(w, geo.ow), g, out,
              *args, _group(mode), negz)
@@ -158,7 +167,7 @@ def backprop_filter(x: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     bufs = aligned_empty((geo.N, geo.fh, geo.fw, geo.C * geo.M), wdt)
     # (C * M two lane vectors on AVX-512: sweeps over both)
     pair = filter_pairs(geo.fw) and geo.C * geo.M == 2 * (64 // x.dtype.itemsize)
-    vec = _vec(mode, Variant("backprop_filter", geo.fh, geo.fw, pair=pair))
+    vec = _vec(mode, "backprop_filter", geo.fh, geo.fw, pair=pair)
     if vec is not None and geo.N >= nthreads:
         _run(vec, geo.N, work, x, g, bufs, geo.sh, geo.sw, geo.dh, geo.dw, geo.pt, geo.pl)
     elif geo.dw == 1 and geo.N >= nthreads:  # one task per image, filter rows as runs

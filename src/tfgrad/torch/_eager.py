@@ -110,13 +110,15 @@ class _GradCall:
     """One gradient-op call of a ``_Node``: the op, its attrs and shape inputs (fixed by
     the forward's signature), where each tensor argument comes from (the k-th incoming
     gradient, or the k-th saved tensor), and which of ``apply``'s arguments (the payload
-    first, then the tensor inputs) gets which of its outputs."""
+    first, then the tensor inputs) gets which of its outputs. ``keys``: the call's ``_api``
+    signature by its arrays' (dtype, shape, strides), the rest of it being fixed."""
 
-    __slots__ = ("op", "fixed", "sources", "gives")
+    __slots__ = ("op", "fixed", "sources", "gives", "keys")
 
     def __init__(self, op: str, fixed: dict[str, Any], sources: list[tuple[str, bool, int]],
                  gives: list[tuple[int, int]]) -> None:
         self.op, self.fixed, self.sources, self.gives = op, fixed, sources, gives
+        self.keys: dict[tuple, tuple | None] = {}
 
 
 _NODES_MAX = 1024
@@ -317,16 +319,25 @@ def _gradient_call(call: _GradCall, grads: tuple, saved: tuple) -> Any:
     not a plain dense CPU tensor (then the operator's path says what is wrong)."""
     args = dict(call.fixed)
     tensors = {}
+    metas: tuple = ()
     for arg, is_grad, k in call.sources:
         t = grads[k] if is_grad else saved[k]
         if type(t) not in _PLAIN or not t.is_cpu or t.layout is not _STRIDED:
             return None
         tensors[arg] = t
-        args[arg] = _array(t)
-    key = _api.signature(OPS[call.op], args)
+        a = args[arg] = _array(t)
+        metas += (a.dtype, a.shape, a.strides)
+    key = call.keys.get(metas, _NO_KEY)
+    if key is _NO_KEY:
+        if len(call.keys) >= 64:
+            call.keys.clear()
+        key = call.keys[metas] = _api.signature(OPS[call.op], args)
     if key is None:
         return None
     return FINISH[call.op](tensors, args, key)
+
+
+_NO_KEY = object()
 
 
 def invoke(op_name: str, kwargs: dict[str, Any]) -> Any:
