@@ -64,13 +64,7 @@ def _integer_div(a: Array, b: Array) -> Array:
 def _div_rn(a: Array, b: Array) -> Array:
     a, b = jnp.asarray(a), jnp.asarray(b)
     dt = jnp.result_type(a, b)
-    if not jnp.issubdtype(dt, jnp.floating):
-        return a / b
-    # XLA turns a division by a constant into a multiplication by its reciprocal (two
-    # roundings); a divisor that depends on a (replaced where a is NaN, which changes
-    # nothing) is never constant
-    b = jnp.where(jnp.isnan(a), a, b)
-    if dt == jnp.float64:
+    if dt == jnp.float64 or not jnp.issubdtype(dt, jnp.floating):
         return a / b  # float64 division is IEEE on every backend XLA has
     a32, b32 = jnp.broadcast_arrays(a.astype(jnp.float32), b.astype(jnp.float32))
     if FORCE_INTEGER_DIVISION:
@@ -84,8 +78,9 @@ def _div_rn(a: Array, b: Array) -> Array:
 
 @jax.custom_jvp
 def div_rn(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once (IEEE, to nearest even) on every backend, also by a constant
-    (never XLA's reciprocal rewrite); differentiates as ``a / b``."""
+    """``a / b`` rounded once (IEEE, to nearest even) on every backend; differentiates as
+    ``a / b``. Callers still keep a constant divisor away from XLA's reciprocal rewrite,
+    which the CPU's plain division is open to."""
     return _div_rn(a, b)
 
 
