@@ -64,7 +64,13 @@ def _integer_div(a: Array, b: Array) -> Array:
 def _div_rn(a: Array, b: Array) -> Array:
     a, b = jnp.asarray(a), jnp.asarray(b)
     dt = jnp.result_type(a, b)
-    if dt == jnp.float64 or not jnp.issubdtype(dt, jnp.floating):
+    if not jnp.issubdtype(dt, jnp.floating):
+        return a / b
+    # XLA turns a division by a constant into a multiplication by its reciprocal (two
+    # roundings); a divisor that depends on a (replaced where a is NaN, which changes
+    # nothing) is never constant
+    b = jnp.where(jnp.isnan(a), a, b)
+    if dt == jnp.float64:
         return a / b  # float64 division is IEEE on every backend XLA has
     a32, b32 = jnp.broadcast_arrays(a.astype(jnp.float32), b.astype(jnp.float32))
     if FORCE_INTEGER_DIVISION:
@@ -78,9 +84,8 @@ def _div_rn(a: Array, b: Array) -> Array:
 
 @jax.custom_jvp
 def div_rn(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once (IEEE, to nearest even) on every backend; differentiates as
-    ``a / b``. Callers still keep a constant divisor away from XLA's reciprocal rewrite,
-    which the CPU's plain division is open to."""
+    """``a / b`` rounded once (IEEE, to nearest even) on every backend, also by a constant
+    (never XLA's reciprocal rewrite); differentiates as ``a / b``."""
     return _div_rn(a, b)
 
 
@@ -92,7 +97,7 @@ def _div_rn_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
     out = div_rn(a, b)
     t = None
     if not isinstance(ta, SymbolicZero):
-        t = ta / b
+        t = ta / jnp.where(jnp.isnan(a), a, b)  # (never a constant: see _div_rn)
     if not isinstance(tb, SymbolicZero):
         tb_part = (-tb * a) * lax.integer_pow(b, -2)
         t = tb_part if t is None else t + tb_part

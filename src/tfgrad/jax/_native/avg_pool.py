@@ -58,13 +58,6 @@ def _add(a: Array, b: Array) -> Array:
     return jnp.where((s == 0) & ~(jnp.signbit(a) & jnp.signbit(b)), jnp.zeros_like(s), s)
 
 
-def _div(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once (div_rn: IEEE's on every backend): a divisor that depends
-    on ``a`` (replaced where a is NaN, which changes nothing) is never a constant XLA
-    turns into a reciprocal."""
-    return div_rn(a, jnp.where(jnp.isnan(a), a, b))
-
-
 def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],
             padding: str, data_format: str = "NHWC") -> Array:
     value = jnp.asarray(value)
@@ -80,7 +73,7 @@ def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],
             rs, cs = _ap.taps(geo, dr, dc)
             acc = _ftz(_add(acc, xp[:, rs, cs]))
     counts = jnp.asarray(_ap.counts(geo, dt))[None, :, :, None]
-    return _ftz(_div(acc, counts))
+    return _ftz(div_rn(acc, counts))
 
 
 def AvgPoolGrad(*, orig_input_shape: tuple[int, ...], grad: Array, ksize: tuple[int, ...],

@@ -90,13 +90,6 @@ def _rsqrt(v: Array) -> Array:
     return div_rn(np.float32(1), _r(jnp.sqrt(v)))  # exact; XLA's rsqrt is an approximation
 
 
-def _div(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once (div_rn: IEEE's on every backend): XLA turns a division by
-    a constant into a multiplication by its reciprocal; a divisor that depends on ``a``
-    (replaced where a is NaN, which changes nothing) is never constant."""
-    return div_rn(a, jnp.where(jnp.isnan(a), a, b))
-
-
 def _layout(x: Array, data_format: str) -> tuple[int, tuple[int, ...], list[int]]:
     """(channels, the axes summed over, the shape a [C] vector broadcasts as)."""
     axis = 1 if data_format in _CHANNELS_FIRST else x.ndim - 1
@@ -202,7 +195,7 @@ def _grad(y_backprop: Array, x: Array, scale: Array, reserve_space_1: Array,
         c0 = _rsqrt(var + eps)
         xc = _r(X - mean.reshape(shape))
         scale_bp = jnp.sum(_r(dy * _r(xc * c0.reshape(shape))), axes)
-        m = _div(jnp.sum(_r(dy * xc), axes), np.float32(r))  # TF divides by R here
+        m = div_rn(jnp.sum(_r(dy * xc), axes), np.float32(r))  # TF divides by R here
         c1 = scale * c0
         c2 = _r(_r(c0 * c0) * m)
         inv_r = np.float32(1) / np.float32(r)

@@ -69,10 +69,9 @@ def _r(v: Array) -> Array:
 
 
 def _div(a: Array, b: Array) -> Array:
-    """``a / b`` rounded once: XLA turns a division by a constant (a nudged range folded
-    from constant min/max) into a multiplication by its reciprocal; a divisor that depends
-    on ``a`` (replaced where a is NaN, which changes nothing) is never constant."""
-    return div_rn(a, jnp.where(jnp.isnan(a), a, _r(b)))
+    """``a / b`` rounded once (div_rn: never a reciprocal of a nudged range folded from
+    constant min/max), ``b`` kept from being reassociated with constants (:func:`_r`)."""
+    return div_rn(a, _r(b))
 
 
 def _ftz(v: Array) -> Array:

@@ -291,18 +291,14 @@ def _ftz(v: jax.Array) -> jax.Array:
     return jnp.where(jnp.abs(v) < tiny, jnp.copysign(jnp.zeros_like(v), v), v)
 
 
-def _div(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a / b, correctly rounded. XLA's algebraic simplifier rewrites a division by a
-    broadcast (or a constant) into a multiplication by its reciprocal, which rounds twice;
-    a full-size divisor behind an optimization barrier keeps the division (the barrier
-    stands until after the simplifier has run; measured, jax 0.10.2); div_rn keeps it
-    IEEE's on a GPU."""
-    return div_rn(a, lax.optimization_barrier(jnp.broadcast_to(b, a.shape)))
-
-
-def _plain_div(a: jax.Array, b: jax.Array) -> jax.Array:
-    """XLA's a / b (linear in a), for the tangent map."""
-    return a / lax.optimization_barrier(jnp.broadcast_to(b, a.shape))
+def _div(a: jax.Array, b: jax.Array, rn: bool = True) -> jax.Array:
+    """a / b, correctly rounded (div_rn; ``rn=False``: XLA's division, linear in a, for
+    the tangent map, which JAX transposes). XLA's algebraic simplifier rewrites a
+    division by a broadcast (or a constant) into a multiplication by its reciprocal, which
+    rounds twice; a full-size divisor behind an optimization barrier keeps the division
+    (the barrier stands until after the simplifier has run; measured, jax 0.10.2)."""
+    b = lax.optimization_barrier(jnp.broadcast_to(b, a.shape))
+    return div_rn(a, b) if rn else a / b
 
 
 def _opaque(a: jax.Array) -> jax.Array:
@@ -452,8 +448,7 @@ def _spread(g: jax.Array, rows: jax.Array, cols: jax.Array, h: int, w: int,
     cs, ce = _cells(cols, mc, w, overlapping)
     count = ((re - rs + 1)[:, None] * (ce - cs + 1)[None, :]).astype(acc_dtype)
     fl = _ftz if ftz else _same
-    divide = _div if ftz else _plain_div
-    share = fl(divide(fl(g).astype(acc_dtype), count[None, :, :, None]))
+    share = fl(_div(fl(g).astype(acc_dtype), count[None, :, :, None], rn=ftz))
     acc = _opaque(jnp.zeros((g.shape[0], h, w, g.shape[3]), acc_dtype))  # +0.0, as TF's
     col_owners = _owners(cs, ce, w)
     for r, r_ok in _owners(rs, re, h):  # the (at most 4) cells in output row-major order

@@ -48,15 +48,6 @@ def _ftz(v: Array) -> Array:
     return jnp.where(jnp.abs(d) < _TINY, (v - d) + d * np.float32(0), v)
 
 
-def _div(a: Array, c: np.float32) -> Array:
-    """``a / c`` rounded once (div_rn: IEEE's on every backend): XLA turns a division by
-    a constant into a multiplication by its reciprocal; a divisor that depends on ``a``
-    (replaced where a is NaN, which changes nothing) is never constant. (stop_gradient:
-    the divisor is a constant to autodiff, so the tangent is t / c, with no 0 * inf
-    term.)"""
-    return div_rn(a, jax.lax.stop_gradient(jnp.where(jnp.isnan(a), a, c)))
-
-
 def _reduce(name: str, x: Array, axis: tuple[int, ...], keep_dims: bool, mean: bool) -> Array:
     x = jnp.asarray(x)
     plan = _r.make_plan(name, tuple(x.shape), tuple(int(a) for a in axis), bool(keep_dims))
@@ -69,7 +60,7 @@ def _reduce(name: str, x: Array, axis: tuple[int, ...], keep_dims: bool, mean: b
     dims = tuple(sorted({(int(a) + rank) % rank for a in axis}))
     s = _ftz(jnp.sum(_ftz(x), axis=dims, keepdims=keep_dims))
     if mean:
-        s = _ftz(_div(s, np.float32(plan.count)))
+        s = _ftz(div_rn(s, np.float32(plan.count)))
     return jnp.reshape(s, plan.out_shape)
 
 
