@@ -292,13 +292,15 @@ def _ftz(v: jax.Array) -> jax.Array:
 
 
 def _div(a: jax.Array, b: jax.Array, rn: bool = True) -> jax.Array:
-    """a / b, correctly rounded (div_rn; ``rn=False``: XLA's division, linear in a, for
-    the tangent map, which JAX transposes). XLA's algebraic simplifier rewrites a
-    division by a broadcast (or a constant) into a multiplication by its reciprocal, which
-    rounds twice; a full-size divisor behind an optimization barrier keeps the division
-    (the barrier stands until after the simplifier has run; measured, jax 0.10.2)."""
-    b = lax.optimization_barrier(jnp.broadcast_to(b, a.shape))
-    return div_rn(a, b) if rn else a / b
+    """a / b, correctly rounded (div_rn, whose divisor depends on a: never the
+    multiplication by a reciprocal that XLA's algebraic simplifier makes of a division by
+    a broadcast or a constant). ``rn=False``: XLA's division, linear in a, for the tangent
+    map, which JAX transposes; its full-size divisor behind an optimization barrier keeps
+    the division (the barrier stands until after the simplifier has run; measured, jax
+    0.10.2)."""
+    if rn:
+        return div_rn(a, b)
+    return a / lax.optimization_barrier(jnp.broadcast_to(b, a.shape))
 
 
 def _opaque(a: jax.Array) -> jax.Array:
