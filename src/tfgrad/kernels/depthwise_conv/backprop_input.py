@@ -346,6 +346,33 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
     return neg
 
 
+@inline
+def _bi_part4(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, FH, FW):
+    """The lanes past the last whole vector (CV .. CM) of 4 pixels of one phase (u ..
+    u + 3) where every tap that hits meets a column (g's own layout, never blocked), taps
+    in order as the one-pixel path: 4 chains at a time instead of one (a pixel's taps are
+    a dependent chain of adds). Returns whether a lane it stored was -0."""
+    n = CM - CV
+    v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
+    for r in range(FH):
+        if not rowok[r]:
+            continue
+        for c in range(FW):
+            if not taphit[c]:
+                continue
+            wv = vload_part(wf, (r * FW + c) * CM + CV, n)
+            a = rowoff[r] + (tapb[c] + u) * CM + CV
+            v0 = vmuladd(v0, wv, vload_part(gf, a, n))
+            v1 = vmuladd(v1, wv, vload_part(gf, a + CM, n))
+            v2 = vmuladd(v2, wv, vload_part(gf, a + 2 * CM, n))
+            v3 = vmuladd(v3, wv, vload_part(gf, a + 3 * CM, n))
+    vstore_part(dst, o + CV, v0, n)
+    vstore_part(dst, o + ps + CV, v1, n)
+    vstore_part(dst, o + 2 * ps + CV, v2, n)
+    vstore_part(dst, o + 3 * ps + CV, v3, n)
+    return vhas_negzero(vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3)))
+
+
 def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
     # Variant.pair (AVX-512: two lane vectors' 8 accumulators and operands fit; the
     # dispatch sets it exactly where the run-time ``pair`` below holds): without it Numba
@@ -462,6 +489,7 @@ def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
                         u = nb * _P
                     u2 = u  # (pair: the pixels from here on go through per)
                     while u < Up:
+                        pu = u  # (the first pixel whose partial vector is still to do)
                         if u + _P <= Up:  # 4 pixels; near the borders, missed taps add w * 0
                             o = db + (ph + u * sw) * CM
                             if U0 <= u and u + _P <= U1:
@@ -473,6 +501,10 @@ def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
                                                  o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
                                                  check=False, unit=unit, stream=S,
                                                  pair=False)
+                                if CV < CM:  # (and their lanes past the last full vector)
+                                    neg |= _bi_part4(wf, gf, dst, rowoff, rowok, tapb, taphit,
+                                                     u, o, sw * CM, CM, CV, FH, FW)
+                                    pu = u + _P
                             else:
                                 neg |= _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u,
                                                  o, sw * CM, CM, ch00, CV, GS, CS, NL, FH, FW, ow,
@@ -494,7 +526,7 @@ def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
                                 vput(dst, db + (ph + u * sw) * CM + ch, v, S)
                                 neg = neg or vhas_negzero(v)
                             u1 = u + 1
-                        for up in range(u, u1):  # lanes past the last full vector (never
+                        for up in range(pu, u1):  # lanes past the last full vector (never
                             if CM - CV == 1:  # blocked: g's own layout): one lane, scalar
                                 s_ = zero_opaque(w)
                                 for r in range(FH):

@@ -235,6 +235,30 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
     return neg
 
 
+@inline
+def _fwd_part4(src, wf, of, rowoff, a0, o, CM, CV, FH, FW, ps, ts):
+    """The lanes past the last whole vector (CV .. CM) of 4 output pixels whose taps all
+    fall inside (src unblocked: pixel stride CM), taps in order as the one-pixel path: 4 chains
+    at a time instead of one (a pixel's taps are a dependent chain of adds). Returns
+    whether a lane it stored was -0."""
+    n = CM - CV
+    v0 = v1 = v2 = v3 = vzeros_opaque(wf)  # (so that a -0 is not ruled out)
+    for r in range(FH):
+        b = rowoff[r] + a0 + CV
+        for c in range(FW):
+            wv = vload_part(wf, (r * FW + c) * CM + CV, n)
+            a = b + c * ts
+            v0 = vmuladd(v0, vload_part(src, a, n), wv)
+            v1 = vmuladd(v1, vload_part(src, a + ps, n), wv)
+            v2 = vmuladd(v2, vload_part(src, a + 2 * ps, n), wv)
+            v3 = vmuladd(v3, vload_part(src, a + 3 * ps, n), wv)
+    vstore_part(of, o + CV, v0, n)
+    vstore_part(of, o + CM + CV, v1, n)
+    vstore_part(of, o + 2 * CM + CV, v2, n)
+    vstore_part(of, o + 3 * CM + CV, v3, n)
+    return vhas_negzero(vmin_bits(vmin_bits(v0, v1), vmin_bits(v2, v3)))
+
+
 def make_vec(FH: int, FW: int):
     @jit(nogil=True)
     def kernel(x, w, out, sh, sw, dh, dw, pt, pl, negz, stream, ctl, size, ntasks):
@@ -335,7 +359,11 @@ def make_vec(FH: int, FW: int):
                             vput(of, ob + j * CM + ch, v, stream)
                             neg = neg or vhas_negzero(v)
                         j1 = j + 1
-                    if CM - CV == 1:  # one lane past the last full vector: scalar
+                    if CV < CM and allok and J0 <= j and j1 == j + _P <= J1:
+                        # (4 pixels, taps all inside; never blocked: src's pixel stride is CM)
+                        neg |= _fwd_part4(src, wf, of, rowoff, (j * sw - pl) * PS,
+                                          ob + j * CM, CM, CV, FH, FW, sw * PS, dw * PS)
+                    elif CM - CV == 1:  # one lane past the last full vector: scalar
                         for jp in range(j, j1):
                             s_ = zero_opaque(x)
                             for r in range(FH):
