@@ -207,6 +207,44 @@ def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.Monkey
     assert step(x4d, c4d) > 0
 
 
+def test_state_part_of_the_signature(saved: dict) -> None:
+    """The state arrays' part of a forward's signature is reused while the framework passes
+    the same array objects (its parameters' views), and rebuilt when one changes: a
+    parameter given new memory with other strides starts a new signature, and the bits
+    stay the layer-by-layer path's."""
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 3, 4)
+    fused, layered = tq.load_keras(path).train(), tq.load_keras(path).train()
+    layered.fused = False
+    program = fused._program
+    assert program is not None
+
+    def step(k: int) -> None:
+        got = []
+        for m in (fused, layered):
+            y = m(torch.from_numpy(xs[k]))
+            (y * torch.from_numpy(cs[k])).sum().backward()
+            got.append([y.detach().numpy(), *(p.grad.numpy().copy() for p in m.parameters()),
+                        *(v.numpy().copy() for v in m.state_dict().values())])
+            for p in m.parameters():
+                p.grad = None
+        for s, t in zip(*got):
+            assert np.array_equal(_bits(s), _bits(t))
+
+    step(0)
+    part = program._last_arrays[3]
+    step(1)
+    assert program._last_arrays[3] is part and len(program._traces) == 1
+    for m in (fused, layered):  # a 4-D kernel in new memory, channels first in it
+        p = next(p for p in m.parameters() if p.dim() == 4)
+        with torch.no_grad():
+            p.data = p.data.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    assert not next(p for p in fused.parameters() if p.dim() == 4).is_contiguous()
+    step(2)
+    assert program._last_arrays[3] is not part and program._last_arrays[3] != part
+    assert len(program._traces) == 2
+
+
 def test_a_stepped_model_pickles(saved: dict) -> None:
     """torch.save / pickle of a model after training steps (the program's replay traces
     hold closures: left out), and the copy steps on with the original's bits."""

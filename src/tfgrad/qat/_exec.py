@@ -20,7 +20,7 @@ then runs the model layer by layer.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ class Tape:
     records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]]
     needs: list[bool]
     """Whether a gradient must reach the slot (it leads to a leaf that wants one)."""
-    traces: dict[tuple, list] | None = None
+    traces: dict[Any, list] | None = None
     """The backward's op calls by the outputs' gradients' signature (:class:`_Ops`), kept
     by the program for the signature of the forward that made this tape."""
     steps: dict[int, list] | None = None
@@ -254,6 +254,23 @@ def _op(name: str, args: dict[str, Any]) -> Any:
 _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)
 
 
+class _Sig:
+    """A forward's signature (a tuple) with its hash computed once: it spans every state
+    array, and a tuple's hash is recomputed at each dict lookup."""
+
+    __slots__ = ("t", "h")
+
+    def __init__(self, t: tuple):
+        self.t, self.h = t, hash(t)
+
+    def __hash__(self) -> int:
+        return self.h
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Sig and self.h == other.h
+                                 and self.t == other.t)
+
+
 class _Ops:
     """The raw-op calls of one forward or backward, in order. The first run of a
     signature (every leaf's type, dtype, shape and strides, and the flags: so every op's
@@ -263,7 +280,7 @@ class _Ops:
     per-call checks and compute stay the entry's). A call whose name differs from the
     noted one (never expected) ends the replay: the rest runs the plain way."""
 
-    def __init__(self, traces: dict[tuple, list] | None, sig: tuple | None):
+    def __init__(self, traces: dict[Any, list] | None, sig: Hashable | None):
         self.traces, self.sig = traces, sig
         self.replay: list | None = None
         self.trace: list | None = None
@@ -320,12 +337,19 @@ class _Run:
 
     def _record(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
                 outs: Sequence[np.ndarray]) -> tuple[int, ...]:
-        needs = self.grad and any(self.needs[s] for s in ins.values())
+        needs = False
+        if self.grad:
+            wants = self.needs
+            for s in ins.values():
+                if wants[s]:
+                    needs = True
+                    break
+        values, wants = self.values, self.needs
         slots = []
         for o in outs:
-            self.values.append(o)
-            self.needs.append(needs)
-            slots.append(len(self.values) - 1)
+            slots.append(len(values))
+            values.append(o)
+            wants.append(needs)
         if needs:
             self.records.append((name, ins, attrs, tuple(slots)))
         return tuple(slots)
@@ -371,15 +395,31 @@ class Program:
         self.plan = plan
         self._walk = [n for n in plan.nodes if n.kind != "InputLayer"]
         self._dropout = [n for n in self._walk if n.kind == "Dropout"]
-        self._traces: dict[tuple, list] = {}
-        self._backward_traces: dict[tuple, tuple[dict[tuple, list], dict[int, list]]] = {}
+        self._traces: dict[_Sig, list] = {}
+        self._backward_traces: dict[_Sig, tuple[dict[Any, list], dict[int, list]]] = {}
+        self._last_arrays: tuple | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (torch.save of a model) without the traces: they hold the ops' prepared
         closures, and a new process prepares its own."""
         state = dict(self.__dict__)
         state["_traces"], state["_backward_traces"] = {}, {}
+        state["_last_arrays"] = None
         return state
+
+    def _arrays_signature(self, arrays: Mapping[tuple[str, str], np.ndarray]) -> tuple:
+        """The state arrays' part of a forward's signature: (name, type, dtype, shape,
+        strides) of each. A framework passes the same array objects step after step (its
+        parameters' views): then the last part is reused, not rebuilt (~450 arrays in a
+        MobileNetV2). The arrays are kept, so that their ids stay theirs."""
+        keys, held = tuple(arrays), tuple(arrays.values())
+        ids = tuple(map(id, held))
+        last = getattr(self, "_last_arrays", None)  # (a program pickled before it had one)
+        if last is not None and last[0] == keys and last[1] == ids:
+            return last[3]
+        part = tuple((k, type(a), a.dtype, a.shape, a.strides) for k, a in arrays.items())
+        self._last_arrays = (keys, ids, held, part)
+        return part
 
     def runs(self, training: Mapping[str, bool]) -> bool:
         """Whether the program runs the model with these training flags (dropout while
@@ -395,11 +435,10 @@ class Program:
         """The model's outputs on ``inputs`` (ranges and statistics updated in ``state``
         where training); the tape, the slot of each trainable array, the inputs' slots
         and the outputs' slots (last)."""
-        sig = (grad, tuple(bool(n) for n in inputs_need_grad),
-               tuple((type(x), x.dtype, x.shape, x.strides) for x in inputs),
-               tuple((k, type(a), a.dtype, a.shape, a.strides)
-                     for k, a in state.arrays.items()),
-               tuple(state.trainable.items()), tuple(state.training.items()))
+        sig = _Sig((grad, tuple(bool(n) for n in inputs_need_grad),
+                    tuple((type(x), x.dtype, x.shape, x.strides) for x in inputs),
+                    self._arrays_signature(state.arrays),
+                    tuple(state.trainable.items()), tuple(state.training.items())))
         ops = _Ops(self._traces, sig)
         run = _Run(grad, minmax, replica_mean, ops)
         values: dict[str, int] = {}

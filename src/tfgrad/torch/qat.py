@@ -482,13 +482,15 @@ class KerasModel(nn.Module):
                 self.layers[_key(node.name)] = Layer(node, exact)
                 self._walk.append((node.name, _key(node.name), node.inputs))
         self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
+        # per layer, its quantizers with the names the program reads them by (the
+        # training flag's key, the range arrays' keys), worked out once
         self._quantizers = {
-            key: [(w, q) for w, q in (
+            key: [(q, f"{name}/{w}", (name, w + "_min"), (name, w + "_max")) for w, q in (
                 *((a, layer.weight_quantizers[a]) for a in layer.weight_quantizers),
                 ("pre_activation", layer.pre_activation),
                 ("post_activation", layer.post_activation), ("output", layer.output))
                 if q is not None]
-            for key, layer in self.layers.items()}
+            for (name, key, _), layer in zip(self._walk, self.layers.values())}
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
@@ -564,16 +566,17 @@ class KerasModel(nn.Module):
                     if a is None:
                         return None
                     arrays[name, attr] = a
-            for where, q in self._quantizers[key]:
+            for q, flag, kmin, kmax in self._quantizers[key]:
                 if (q._forward_hooks or q._forward_pre_hooks or q._backward_hooks
                         or q._backward_pre_hooks):
                     return None
-                training[f"{name}/{where}"] = q.training
-                lo, hi = view(q.min), view(q.max)
+                training[flag] = q.training
+                buffers = q._buffers  # (min and max: buffers, read without nn.Module's lookup)
+                lo, hi = view(buffers.get("min")), view(buffers.get("max"))
                 if lo is None or hi is None:
                     return None
-                arrays[name, where + "_min"] = lo
-                arrays[name, where + "_max"] = hi
+                arrays[kmin] = lo
+                arrays[kmax] = hi
         program = self._program
         assert program is not None
         if not program.runs(training):
