@@ -118,6 +118,46 @@ def test_inference_reserve_spaces_are_copies_and_stats_pass_through():
     assert m[0] == 10
 
 
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("training", [True, False])
+def test_vectors_as_given_or_copied_same_bits(fmt, training):
+    """The kernels read scale, offset, mean and variance where they are given (writable
+    C-contiguous float32 vectors) and copies of any other (read-only, strided): the same
+    bits either way, and the inputs unchanged."""
+    rng = np.random.default_rng(7)
+    for c in (16, 5):  # (whole lane vectors: the vector kernels; 5: the scalar ones)
+        shape = (3, 4, 5, c) if fmt == "NHWC" else (3, c, 4, 5)
+        x = rng.standard_normal(shape).astype(F32)
+        dy = rng.standard_normal(shape).astype(F32)
+        vecs = [rng.standard_normal(c).astype(F32) for _ in range(3)]
+        vecs.append((rng.random(c) + 0.5).astype(F32))  # variance
+        kept = [v.copy() for v in vecs]
+
+        def variants(v):
+            ro = v.copy()
+            ro.flags.writeable = False
+            strided = np.repeat(v, 2)[::2]
+            return v, ro, strided
+
+        outs = []
+        for k in range(3):
+            sc, off, m, var = (variants(v)[k] for v in vecs)
+            f = raw.FusedBatchNormV3(x=x, scale=sc, offset=off, mean=m, variance=var,
+                                     exponential_avg_factor=0.3, data_format=fmt,
+                                     is_training=training)
+            g = raw.FusedBatchNormGradV3(y_backprop=dy, x=x, scale=sc,
+                                         reserve_space_1=f.reserve_space_1 if training else m,
+                                         reserve_space_2=f.reserve_space_2 if training else var,
+                                         reserve_space_3=f.reserve_space_3, data_format=fmt,
+                                         is_training=training)
+            outs.append([*f[:5], *g[:3]])
+        for other in outs[1:]:
+            for a, b in zip(outs[0], other):
+                assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+        for v, k in zip(vecs, kept):
+            assert np.array_equal(v, k)
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_empty_batch(training):
     x = np.zeros((0, 2, 2, 3), F32)

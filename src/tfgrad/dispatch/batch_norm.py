@@ -49,6 +49,14 @@ def _vec(a: np.ndarray) -> np.ndarray:
     return np.array(a, _F32).reshape(-1)
 
 
+def _read(a: np.ndarray) -> np.ndarray:
+    """A [C] vector the kernels only read: ``a`` itself where it is a writable C-contiguous
+    float32 vector already (the one compiled specialization), else ``_vec``'s copy."""
+    if a.dtype == _F32 and a.ndim == 1 and a.flags.c_contiguous and a.flags.writeable:
+        return a
+    return _vec(a)
+
+
 def _streams(out: np.ndarray) -> bool:
     """Whether ``out`` (from aligned_empty) is written with non-temporal stores."""
     return out.nbytes >= STREAM_MIN_BYTES and out.ctypes.data % 64 == 0
@@ -82,7 +90,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
         m, v = mv[0, :C], mv[1, :C]
     else:
         m, v = _vec(mean), _vec(variance)
-    args = (_vec(scale), _vec(offset), m, v, _F32(eps), bool(is_training), yf)
+    args = (_read(scale), _read(offset), m, v, _F32(eps), bool(is_training), yf)
     if vec:
         if is_training:
             cb = _channel_block(C, VEC_BLOCK)
@@ -105,7 +113,7 @@ def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarr
     if not is_training:
         return y, m, v, m, v
     run = np.empty((2, C), _F32)  # (Bessel's correction, the running average)
-    kv.running_stats(m, v, _vec(mean), _vec(variance), factor, R, run)
+    kv.running_stats(m, v, _read(mean), _read(variance), factor, R, run)
     return y, run[0], run[1], m, v
 
 
@@ -137,14 +145,14 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
     sb = np.empty(C, _F32)
     ob = np.empty(C, _F32)
     if not channel_last:
-        a = _vec(var) + _F32(eps)
+        a = _read(var) + _F32(eps)
         if is_training:
             c0s = eigen_rsqrt(a, GRAD_SCALE_TILE)
             c0d = eigen_rsqrt(a, GRAD_DX_TILE)
         else:
             c0s = c0d = eigen_rsqrt(a)  # evaluated once, as a [C] vector
-        _run(kg.grad_nchw, xf, -(-C // 8), dyf, xf, N, C, S, row_block, zb, za, _vec(scale),
-             _vec(mean), c0s, c0d, bool(is_training), dxf, sb, ob, _streams(dxf))
+        _run(kg.grad_nchw, xf, -(-C // 8), dyf, xf, N, C, S, row_block, zb, za, _read(scale),
+             _read(mean), c0s, c0d, bool(is_training), dxf, sb, ob, _streams(dxf))
     else:  # NHWC: the [C] arithmetic around the passes compiled (kernels.batch_norm_vectors)
         vec = C % L == 0
         slack = 4 * L if vec else 0  # (the vector kernels load whole vectors: zeros)
@@ -152,8 +160,8 @@ def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var
         c0d = np.empty(C, _F32)
         whole = max(C, 1)  # (frozen statistics: one rsqrt of the whole vector)
         tiles = (GRAD_SCALE_TILE, GRAD_DX_TILE) if is_training else (whole, whole)
-        sc = _vec(scale)
-        kv.grad_prologue(_vec(var), _vec(mean), sc, _F32(eps), bool(is_training), *tiles,
+        sc = _read(scale)
+        kv.grad_prologue(_read(var), _read(mean), sc, _F32(eps), bool(is_training), *tiles,
                          pre, c0d)
         if vec:
             cb = _channel_block(C, VEC_BLOCK)
