@@ -482,15 +482,22 @@ class KerasModel(nn.Module):
                 self.layers[_key(node.name)] = Layer(node, exact)
                 self._walk.append((node.name, _key(node.name), node.inputs))
         self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
-        # per layer, its quantizers with the names the program reads them by (the
-        # training flag's key, the range arrays' keys), worked out once
-        self._quantizers = {
+        self._quantizers = self._quantizer_table()
+
+    def _quantizer_table(self) -> dict[str, list[tuple[Any, str, tuple, tuple]]]:
+        """Per layer, its quantizers with the names the program reads them by (the
+        training flag's key, the range arrays' keys), worked out once."""
+        return {
             key: [(q, f"{name}/{w}", (name, w + "_min"), (name, w + "_max")) for w, q in (
                 *((a, layer.weight_quantizers[a]) for a in layer.weight_quantizers),
                 ("pre_activation", layer.pre_activation),
                 ("post_activation", layer.post_activation), ("output", layer.output))
                 if q is not None]
             for (name, key, _), layer in zip(self._walk, self.layers.values())}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._quantizers = self._quantizer_table()  # (derived: whatever a pickle held)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
