@@ -411,7 +411,10 @@ class Program:
         """The state arrays' part of a forward's signature: (name, type, dtype, shape,
         strides) of each. A framework passes the same array objects step after step (its
         parameters' views): then the last part is reused, not rebuilt (~450 arrays in a
-        MobileNetV2). The arrays are kept, so that their ids stay theirs."""
+        MobileNetV2). The arrays are kept, so that their ids stay theirs. (An array whose
+        shape or strides were set in place would go unseen: the callers pass views of
+        their own, torch's cached per tensor and checked against its memory and shape,
+        JAX's fresh each call.)"""
         keys, held = tuple(arrays), tuple(arrays.values())
         ids = tuple(map(id, held))
         last = getattr(self, "_last_arrays", None)  # (a program pickled before it had one)
