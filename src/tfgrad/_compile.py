@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numba
+import numpy as np
 
 OPTIONS: dict[str, Any] = {"cache": True, "error_model": "numpy"}
 """The options of every compiled kernel (never ``fastmath``)."""
@@ -45,6 +46,17 @@ def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False,
     if nogil:
         opts["nogil"] = True
     return numba.njit(**opts) if fn is None else numba.njit(**opts)(fn)
+
+
+def kernel_array(a: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``a`` as kernels take an input: C-contiguous, writable (Numba compiles a read-only
+    array as another type: one array type per dtype keeps the specialisations down; the
+    kernels never write their inputs) and of ``dtype`` (default: its own); ``a`` itself
+    where it already is, else a copy."""
+    dt = a.dtype if dtype is None else np.dtype(dtype)
+    if a.dtype == dt and a.flags.c_contiguous and a.flags.writeable:
+        return a
+    return np.require(a, dt, ("C", "W"))
 
 
 def inline(fn: Callable[..., Any] | None = None, *, force: bool = False) -> Any:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .._compile import Twins, launch, num_threads
+from .._compile import Twins, kernel_array, launch, num_threads
 from .._config import tf_intra_op_threads
 from .._tf.eigen import redux_plan
 from .._tf.rsqrt import GRAD_DX_TILE, GRAD_SCALE_TILE, eigen_rsqrt
@@ -50,11 +50,9 @@ def _vec(a: np.ndarray) -> np.ndarray:
 
 
 def _read(a: np.ndarray) -> np.ndarray:
-    """A [C] vector the kernels only read: ``a`` itself where it is a writable C-contiguous
-    float32 vector already (the one compiled specialization), else ``_vec``'s copy."""
-    if a.dtype == _F32 and a.ndim == 1 and a.flags.c_contiguous and a.flags.writeable:
-        return a
-    return _vec(a)
+    """A [C] vector (the ops check it is one) the kernels only read: as given where it is
+    their type already."""
+    return kernel_array(a, _F32)
 
 
 def _streams(out: np.ndarray) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._compile import threads
+from .._compile import kernel_array, threads
 from .._tf.depthwise import Geometry
 from ..kernels._pool import run as pool_run
 from ..kernels._simd import HOST_AVX512, STREAM_MIN_BYTES, aligned_empty, stream_output
@@ -73,8 +73,7 @@ def _prepare(*arrays: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.dtype, int
     dt = arrays[0].dtype
     mode = NONE if dt in (_F32, _F64) else F16 if dt == np.float16 else BF16
     wdt = _work_dtype(dt)
-    return tuple(a if a.dtype == wdt and a.flags.c_contiguous and a.flags.writeable
-                 else np.require(a, wdt, ("C", "W")) for a in arrays), dt, mode
+    return tuple(kernel_array(a, wdt) for a in arrays), dt, mode
 
 
 def _work_dtype(dt: np.dtype) -> np.dtype:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .._compile import kernel_array
 from ..kernels import fractional_pool as k
 from ..kernels._pool import launch
 from ..kernels._simd import STREAM_MIN_BYTES, stream_output
@@ -29,14 +30,6 @@ def philox_blocks(counter: int, key: tuple[int, int], n: int) -> np.ndarray:
     lanes = [np.uint64((counter >> (32 * j)) & m) for j in range(4)]
     k.philox(*lanes, np.uint64(key[0]), np.uint64(key[1]), n, out)
     return out.astype(np.uint32).reshape(n, 4)
-
-
-def _input(a: np.ndarray) -> np.ndarray:
-    """C-contiguous and writeable: Numba types a read-only array differently, and one
-    compiled specialisation per dtype keeps compile time down (the kernels never write
-    their inputs)."""
-    a = np.ascontiguousarray(a)
-    return a if a.flags.writeable else a.copy()
 
 
 def _covering(starts: np.ndarray, ends: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
@@ -62,7 +55,7 @@ def _whole_lines(depth: int, dtype: np.dtype) -> bool:
 
 
 def _pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr, is_max: bool, lowest: Any) -> _Arr:
-    x = _input(x)
+    x = kernel_array(x)
     shape = (x.shape[0], rs.size, cs.size, x.shape[3])
     counts = np.outer(re - rs + 1, ce - cs + 1).astype(x.dtype)
     tasks = x.shape[0] * rs.size  # (batch, row cell)
@@ -92,7 +85,7 @@ def avg_pool(x: _Arr, rs: _Arr, re: _Arr, cs: _Arr, ce: _Arr) -> _Arr:
 def avg_pool_grad(in_shape: tuple[int, ...], g: _Arr, rs: _Arr, re: _Arr, cs: _Arr,
                   ce: _Arr) -> _Arr:
     """The input gradient of the average pooling over the cells."""
-    g = _input(g)
+    g = kernel_array(g)
     out = np.empty(in_shape, g.dtype)
     r_first, r_last, own_lo, own_hi = _covering(rs, re, in_shape[1])
     c_first, c_last, _, _ = _covering(cs, ce, in_shape[2])
@@ -106,7 +99,7 @@ def avg_pool_grad(in_shape: tuple[int, ...], g: _Arr, rs: _Arr, re: _Arr, cs: _A
 def max_pool_grad(x: _Arr, y: _Arr, g: _Arr, rs: _Arr, re: _Arr, cs: _Arr,
                   ce: _Arr) -> _Arr | None:
     """The input gradient, or None when orig_output does not match the replayed maxima."""
-    x, y, g = _input(x), _input(y), _input(g)
+    x, y, g = kernel_array(x), kernel_array(y), kernel_array(g)
     r_first, r_last, own_lo, own_hi = _covering(rs, re, x.shape[1])
     zero = g.dtype.type(0)
     cell = int((re - rs).max() + 1) * int((ce - cs).max() + 1) if rs.size and cs.size else 0
