@@ -3,6 +3,9 @@ import sys
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# the tabled thresholds (tfgrad._compile.wake_us): the tests' sizes reach the parallel
+# kernels wherever they were chosen to, however slowly this machine wakes threads
+os.environ.setdefault("TFGRAD_WAKE_US", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402

@@ -103,3 +103,73 @@ def test_numba_worker_threads_keep_their_floating_point_environment():
     out = subprocess.run([sys.executable, "-c", _WORKERS], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.split() == ["4096", "1"]
+
+
+class _Twins:
+    """Stands in for a compiled kernel pair: which twin ``launch`` ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.parallel = lambda: self.ran.append("parallel")
+        self.serial = lambda: self.ran.append("serial")
+
+
+def test_launch_scales_thresholds_by_the_wake_cost(monkeypatch):
+    import numba
+    import pytest
+
+    from tfgrad import _compile
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one Numba thread: every call is serial")
+    _compile.start_workers()
+    k = _Twins()
+    fq, mm = _compile.POLICY["fake_quant"], _compile.POLICY["matmul"]
+    assert fq.wake_us == 2.0 and mm.wake_us == 45.0
+    lo, mlo = fq.parallel_min, mm.parallel_min
+    for wake, family, work, want in (
+            (0.0, "fake_quant", lo - 1, "serial"), (0.0, "fake_quant", lo, "parallel"),
+            (2.0, "fake_quant", lo, "parallel"), (40.0, "fake_quant", 19 * lo, "serial"),
+            (40.0, "fake_quant", 20 * lo, "parallel"),
+            # a threshold measured with sleeping threads: scaled only past that cost
+            (40.0, "matmul", mlo, "parallel"), (90.0, "matmul", mlo, "serial"),
+            (90.0, "matmul", 2 * mlo, "parallel")):
+        monkeypatch.setattr(_compile, "_WAKE_US", wake)
+        k.ran.clear()
+        _compile.launch(family, k, work)
+        assert k.ran == [want], (wake, family, work)
+    monkeypatch.setitem(_compile.POLICY, "fake_quant", _compile.Threading(0))
+    k.ran.clear()
+    _compile.launch("fake_quant", k, 1)  # (a threshold of 0: every call threaded)
+    assert k.ran == ["parallel"]
+
+
+def _wake_in_subprocess(env_value: str | None, threads: int = 2) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    env.pop("TFGRAD_WAKE_US", None)
+    if env_value is not None:
+        env["TFGRAD_WAKE_US"] = env_value
+    code = ("import numpy as np, tfgrad\nfrom tfgrad import _compile as c\n"
+            "print(c.wake_us())\n"
+            "print(tfgrad.raw_ops.Relu(features=np.ones(4, np.float32)).sum())\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+def test_wake_cost_measured_or_given():
+    got = _wake_in_subprocess(None)
+    assert got.returncode == 0, got.stderr
+    assert float(got.stdout.split()[0]) > 0.0
+    got = _wake_in_subprocess("40")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split()[:2] == ["40.0", "4.0"]
+    got = _wake_in_subprocess(None, threads=1)  # one thread: nothing to wake
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split()[:2] == ["0.0", "4.0"]
+
+
+def test_bad_wake_setting_is_a_clear_error():
+    for bad in ("fast", "-1", "nan", "inf"):
+        got = _wake_in_subprocess(bad)
+        assert got.returncode != 0
+        assert "TFGRAD_WAKE_US must be" in got.stderr and repr(bad) in got.stderr, got.stderr

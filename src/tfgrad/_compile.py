@@ -20,11 +20,21 @@ two independent parts, or when Numba has one thread; otherwise the parallel kern
 ``numba.get_num_threads()`` threads. :func:`threads` is the same choice as a thread count,
 for kernels run on tfgrad's own pool (``kernels._pool.run``). No result depends on the
 choice: every kernel computes each output in the same order on any number of threads.
+
+Each threshold holds at the cost of a parallel region it was measured with
+(``Threading.wake_us``): ~2 us where the team spins between regions (torch's OpenMP
+runtime keeps it so), ~45 us where it sleeps on this project's VM (``OMP_WAIT_POLICY=
+PASSIVE``, which ``import tfgrad`` sets: the host has to run a sleeping virtual CPU
+again). :func:`launch` scales a threshold by the cost it measures once, at the first
+kernel call, over that one (:func:`wake_us`): the work a region must carry grows with
+what waking the threads costs.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +110,10 @@ class Threading:
     chunk: int = 0
     """``prange`` iterations a thread takes at a time (``numba.set_parallel_chunksize``);
     0: Numba's static split into equal parts."""
+    wake_us: float = 2.0
+    """What a parallel region cost (an empty one: its team woken and joined, in
+    microseconds) where ``parallel_min`` was measured; :func:`launch` scales the
+    threshold by :func:`wake_us` over this, never below it."""
 
 
 POLICY: dict[str, Threading] = {
@@ -118,14 +132,16 @@ POLICY: dict[str, Threading] = {
     "bias_add": Threading(1 << 16),
     # </bias_add>
     # <matmul>
-    # multiply-adds; blocks of (K-shard, 64 rows, 256 columns) are independent (measured:
-    # below ~4M multiply-adds waking the second thread costs more than it saves)
-    "matmul": Threading(1 << 22),
+    # multiply-adds; blocks of (K-shard, 64 rows, 256 columns) are independent (measured
+    # with sleeping threads: below ~4M multiply-adds waking the second costs more than
+    # it saves)
+    "matmul": Threading(1 << 22, wake_us=45.0),
     # </matmul>
     # <conv2d>
     # im2col / col2im: data movement (col2im one image per task); the contractions run
-    # under the matmul family's policy
-    "conv2d": Threading(1 << 18),
+    # under the matmul family's policy (measured with sleeping threads: a 3x3 filter's
+    # patches of 64K values gain from the second thread)
+    "conv2d": Threading(1 << 18, wake_us=45.0),
     # </conv2d>
     # <reduction>
     # each output summed by one thread; tasks are row / column blocks or shards (tfgrad's
@@ -178,16 +194,31 @@ def num_threads() -> int:
 def threads(family: str, work: int, units: int = 2) -> int:
     """The threads a call of ``family`` gets: 1 when ``work`` is under the family's
     ``parallel_min`` or the call has fewer than two independent parts (``units``: channel
-    blocks, row blocks, tasks), else :func:`num_threads`."""
+    blocks, row blocks, tasks), else :func:`num_threads`. For tfgrad's own pool, whose
+    caller works while a pool thread wakes: the threshold unscaled (:func:`wake_us`)."""
     if work < POLICY[family].parallel_min or units < 2:
         return 1
     return num_threads()
 
 
+def wake_us() -> float:
+    """What one parallel region costs on this machine, in microseconds:
+    ``TFGRAD_WAKE_US`` where set, else measured once when the workers start (the median
+    of a few empty regions, each after the team went back to its wait; 0 with one
+    thread). :func:`launch` threads a call from the family's ``parallel_min`` times
+    ``wake_us() / Threading.wake_us`` (never less than ``parallel_min``). tfgrad's own
+    pool (``kernels._pool``) does not wait for its threads to wake and keeps the
+    thresholds as they are."""
+    start_workers()
+    return _WAKE_US
+
+
 def launch(family: str, kernel: Twins, work: int, *args: Any, units: int = 2) -> Any:
-    """``kernel(*args)``: its serial twin or its parallel form, as :func:`threads` says."""
+    """``kernel(*args)``: its serial twin or its parallel form, as :func:`threads` says,
+    the threshold scaled by what waking the threads costs here (:func:`wake_us`)."""
     policy = POLICY[family]
-    if work < policy.parallel_min or units < 2 or num_threads() < 2:  # (threads(), inlined)
+    if (work < policy.parallel_min or units < 2 or num_threads() < 2
+            or work * policy.wake_us < policy.parallel_min * _WAKE_US):
         return kernel.serial(*args)
     chunk = policy.chunk
     if not chunk:
@@ -210,22 +241,55 @@ def _touch(n: int) -> int:  # pragma: no cover - compiled
 
 _WORKERS_STARTED = False
 _WORKERS_LOCK = threading.Lock()
+_WAKE_US = 0.0
+
+
+def _measure_wake(n: int, samples: int = 7) -> float:
+    """The median cost of an empty region on ``n`` threads, each run 50 us after the
+    last (the team back in its wait), in microseconds."""
+    ts = []
+    for _ in range(samples):
+        end = time.perf_counter() + 50e-6
+        while time.perf_counter() < end:
+            pass
+        t0 = time.perf_counter()
+        _touch(2 * n)
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[samples // 2] * 1e6
+
+
+def _wake_from_env() -> float | None:
+    v = os.environ.get("TFGRAD_WAKE_US")
+    if v is None or not v.strip():
+        return None
+    try:
+        us = float(v)
+    except ValueError:
+        raise ValueError(f"TFGRAD_WAKE_US must be a number of microseconds, got {v!r}"
+                         ) from None
+    if not us >= 0.0 or us == float("inf"):
+        raise ValueError(f"TFGRAD_WAKE_US must be a finite number >= 0, got {v!r}")
+    return us
 
 
 def start_workers() -> None:
     """Start all of Numba's worker threads (once per process). A new thread takes the
     floating-point environment (MXCSR) of the thread that starts it: workers started
     inside a flushed block (``tfgrad._tf.fpenv``) would keep FTZ / DAZ for good."""
-    global _WORKERS_STARTED
+    global _WORKERS_STARTED, _WAKE_US
     if _WORKERS_STARTED:  # (every op call comes here: no lock once done)
         return
     with _WORKERS_LOCK:  # one launch, even when the first ops come from several threads
         if _WORKERS_STARTED:
             return
+        given = _wake_from_env()
         mask = numba.get_num_threads()
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)  # the whole pool
+        n = numba.config.NUMBA_NUM_THREADS
+        numba.set_num_threads(n)  # the whole pool
         try:
-            _touch(4 * numba.config.NUMBA_NUM_THREADS)
+            _touch(4 * n)
+            wake = given if given is not None else _measure_wake(n) if n > 1 else 0.0
         finally:
             numba.set_num_threads(mask)
+        _WAKE_US = wake
         _WORKERS_STARTED = True
