@@ -74,7 +74,7 @@ def torch_rows(path: str, batch: int, warm: int, n: int, compiled: bool) -> dict
     names = ("eager", "eager, layer by layer", "compiled") if compiled else ("eager",)
     for name in names:
         m = tq.load_keras(path).train()
-        m.fused = name != "eager, layer by layer"  # (compiled: layer by layer anyway)
+        m.fused = name != "eager, layer by layer"  # (compiled: the program as one operator)
         run = torch.compile(m) if name == "compiled" else m
         # (the parameters listed once, as an optimizer holds them: walking the module
         # tree each step cost ~1 ms; the update in torch's foreach ops, as its optimizers

@@ -36,13 +36,17 @@ def _state(m: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
 
 
-def _steps(m: torch.nn.Module, xs: list, cs: list, input_grad: bool) -> list[dict]:
+def _steps(m: torch.nn.Module, xs: list, cs: list, input_grad: bool,
+           run: object = None) -> list[dict]:
+    """Training steps, then an inference call; ``run``: what to call instead of ``m``
+    (a compiled ``m``)."""
+    run = m if run is None else run
     m.train()
     lr = torch.tensor(0.05, dtype=torch.float32)
     out = []
     for x, c in zip(xs, cs):
         xt = torch.from_numpy(x.copy()).requires_grad_(input_grad)
-        y = m(xt)
+        y = run(xt)
         (y * torch.from_numpy(c)).sum().backward()
         grads = {n: p.grad.numpy().copy() for n, p in m.named_parameters()}
         with torch.no_grad():
@@ -53,7 +57,7 @@ def _steps(m: torch.nn.Module, xs: list, cs: list, input_grad: bool) -> list[dic
                     "dx": xt.grad.numpy() if input_grad else None})
     m.eval()
     with torch.no_grad():
-        out.append({"eval": m(torch.from_numpy(xs[0])).numpy()})
+        out.append({"eval": run(torch.from_numpy(xs[0])).numpy()})
     return out
 
 
@@ -70,6 +74,10 @@ def test_fused_is_layer_by_layer(saved: dict, name: str) -> None:
     a = _steps(fused, xs, cs, input_grad=name == "depthwise_chain")
     b = _steps(layered, xs, cs, input_grad=name == "depthwise_chain")
     assert len(calls) == 4  # (three training steps and the inference call ran fused)
+    _same_steps(a, b)
+
+
+def _same_steps(a: list[dict], b: list[dict]) -> None:
     for step, (s, t) in enumerate(zip(a[:-1], b[:-1])):
         assert np.array_equal(_bits(s["y"]), _bits(t["y"])), step
         for n in t["grads"]:
@@ -79,6 +87,91 @@ def test_fused_is_layer_by_layer(saved: dict, name: str) -> None:
         if t["dx"] is not None:
             assert np.array_equal(_bits(s["dx"]), _bits(t["dx"])), step
     assert np.array_equal(_bits(a[-1]["eval"]), _bits(b[-1]["eval"]))
+
+
+@pytest.mark.parametrize("name", ["depthwise_chain", "mobilenet_v2_logits"])
+def test_compiled_runs_the_program_as_one_operator(saved: dict, name: str) -> None:
+    """Under torch.compile(fullgraph=True) the forward is one operator of the graph
+    (tfgrad::qat_program, its backward tfgrad::qat_program_backward) running the same
+    program: every output, gradient (of the weights and the input) and buffer after each
+    step bit-equal to the eager layer-by-layer path; no layer runs on its own."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    k = models.load_tf(saved[name])
+    xs, cs = models.batches(k, 3, 4)
+    compiled, layered = tq.load_keras(saved[name]), tq.load_keras(saved[name])
+    layered.fused = False
+    programs, layers = [], []
+    real = compiled._program.forward
+    compiled._program.forward = lambda *a, **kw: programs.append(1) or real(*a, **kw)
+    for layer in compiled.layers.values():
+        layer.forward = (lambda f: lambda *a: layers.append(1) or f(*a))(layer.forward)
+    counter = CompileCounterWithBackend("inductor")
+    run = torch.compile(compiled, backend=counter, fullgraph=True)
+    a = _steps(compiled, xs, cs, input_grad=name == "depthwise_chain", run=run)
+    b = _steps(layered, xs, cs, input_grad=name == "depthwise_chain")
+    _same_steps(a, b)
+    assert len(programs) == 4 and not layers
+    assert counter.frame_count == 2  # (training, then inference under no_grad)
+
+
+def test_compiled_batch_stays_symbolic(saved: dict) -> None:
+    """Ten batch sizes under torch.compile(fullgraph=True): two graphs, each step's bits
+    those of the eager fused path."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 1, 12)
+    eager, compiled = tq.load_keras(path).train(), tq.load_keras(path).train()
+    counter = CompileCounterWithBackend("aot_eager")
+    run = torch.compile(compiled, backend=counter, fullgraph=True)
+    for n in range(3, 13):
+        x, c = torch.from_numpy(xs[0][:n]), torch.from_numpy(cs[0][:n])
+        for call in (eager, run):
+            (call(x) * c).sum().backward()
+        for p, q in zip(eager.parameters(), compiled.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+            p.grad = q.grad = None
+        for u, v in zip(eager.state_dict().values(), compiled.state_dict().values()):
+            assert torch.equal(u, v), n
+    assert counter.frame_count <= 2
+
+
+def test_compiled_tape_taken_once(saved: dict) -> None:
+    """The compiled forward's tape is taken by its backward: a second backward of the same
+    graph (retain_graph) is a clear error, not another tape's gradient."""
+    torch._dynamo.reset()
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 1, 4)
+    m = tq.load_keras(path).train()
+    run = torch.compile(m, backend="aot_eager", fullgraph=True)
+    loss = (run(torch.from_numpy(xs[0])) * torch.from_numpy(cs[0])).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="tape is gone"):
+        loss.backward()
+
+
+def test_compiled_with_hooks_or_exported_runs_layer_by_layer(saved: dict) -> None:
+    """A hook on a layer under torch.compile, and torch.export: the layers one by one
+    (the hook is called; the exported program holds no tfgrad::qat_program)."""
+    torch._dynamo.reset()
+    path = saved["depthwise_chain"]
+    xs, _ = models.batches(models.load_tf(path), 1, 4)
+    x = torch.from_numpy(xs[0])
+    m = tq.load_keras(path).eval()
+    seen = []
+    layer = next(iter(m.layers.values()))
+    handle = layer.register_forward_hook(lambda *a: seen.append(1))
+    with torch.no_grad():
+        torch.compile(m, backend="eager", fullgraph=True)(x)
+    assert seen
+    handle.remove()
+    exported = torch.export.export(m, (x,))
+    assert not any("qat_program" in str(n.target) for n in exported.graph.nodes)
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), m(x))
 
 
 def test_frozen_weights_and_no_grad(saved: dict) -> None:
@@ -114,8 +207,8 @@ def test_second_derivative_is_refused(saved: dict) -> None:
 
 
 def test_layer_by_layer_where_the_program_cannot(saved: dict) -> None:
-    """A plan it does not run (2-D batch norm), hooks on a layer, dropout while training,
-    torch.compile's tracing: the layers run one by one (the hook is called)."""
+    """A plan it does not run (2-D batch norm), hooks on a layer: the layers run one by
+    one (the hook is called)."""
     cnn = tq.load_keras(saved["cnn"])
     assert cnn._program is None and not cnn.fused
     assert "batch norm of rank 2" in str(_exec.unsupported(cnn.plan))

@@ -4,8 +4,6 @@ one backward over :mod:`tfgrad.qat._exec`'s program (see :class:`Fused`)."""
 from __future__ import annotations
 
 import functools
-import itertools
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,37 +28,19 @@ def _places(node: Node) -> list[tuple[str, Quantizer]]:
     return [(place.removeprefix("weight:"), q) for place, q in node.quantizers()]
 
 
-class _Tapes:
+class _Tapes(_exec.Tapes):
     """The forwards' tapes, host-side, by the token the forward callback returns as its
     residual: the backward callback takes its tape from here instead of the tape's values
     passing through XLA as residuals (MobileNetV2 at batch 32: 27 MB packed, copied out
-    and into fresh XLA buffers each step). A few are kept (a tape is taken by its
-    backward; a forward whose backward never runs is dropped in turn); a backward whose
-    tape is gone (a vjp kept and called later, or twice) runs the forward again on its
-    inputs, kept as residuals too: the program is deterministic, so the same tape."""
+    and into fresh XLA buffers each step). A backward whose tape is gone (a vjp kept and
+    called later, or twice) runs the forward again on its inputs, kept as residuals too:
+    the program is deterministic, so the same tape."""
 
-    KEEP = 4
+    def put_token(self, values: list[Any]) -> np.ndarray:
+        return np.array([self.put(values)], np.int32)
 
-    def __init__(self) -> None:
-        self.tapes: dict[int, list[Any]] = {}
-        self.lock = threading.Lock()
-        self.count = itertools.count(1)
-
-    def put(self, values: list[Any]) -> np.ndarray:
-        token = next(self.count) % (2**31 - 1)  # (int32: JAX's default integer width)
-        with self.lock:
-            while len(self.tapes) >= self.KEEP:
-                self.tapes.pop(next(iter(self.tapes)))
-            self.tapes[token] = values
-        return np.array([token], np.int32)
-
-    def take(self, token: Any) -> list[Any] | None:
-        with self.lock:
-            return self.tapes.pop(int(np.asarray(token).reshape(-1)[0]), None)
-
-    def clear(self) -> None:
-        with self.lock:
-            self.tapes.clear()
+    def take_token(self, token: Any) -> list[Any] | None:
+        return self.take(int(np.asarray(token).reshape(-1)[0]))
 
 
 TAPES = _Tapes()
@@ -209,7 +189,7 @@ class Fused:
                                                   training, spec is not None)
             if spec is None:
                 return (*outs, *fresh)
-            return (*outs, *fresh, TAPES.put(spec.kept(tape)))
+            return (*outs, *fresh, TAPES.put_token(spec.kept(tape)))
 
         def forward_call(need_x: Sequence[bool], need_p: Sequence[bool], spec: Spec | None,
                          out_specs: list, *operands: jax.Array) -> list[jax.Array]:
@@ -259,7 +239,7 @@ class Fused:
             grads: list[Any] = []
             if wanted and given:
                 def host(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-                    values = TAPES.take(arrays[0])
+                    values = TAPES.take_token(arrays[0])
                     if values is None:
                         values = spec.kept(fused.run_program(
                             pkeys, skeys, arrays[1:len(res)], need_x, need_p, training,

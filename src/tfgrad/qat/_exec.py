@@ -19,7 +19,9 @@ then runs the model layer by layer.
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,6 +254,37 @@ def _op(name: str, args: dict[str, Any]) -> Any:
 
 
 _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)
+
+
+class Tapes:
+    """Forwards' tapes kept host-side for their backwards, by a token (an int) that the
+    framework passes through its graph instead of the tape's values (tfgrad.jax.qat's
+    callbacks, tfgrad.torch.qat's compiled operator). A few are kept: a backward takes
+    its tape; a forward whose backward never runs is dropped in turn."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self.tapes: dict[int, Any] = {}
+        self.lock = threading.Lock()
+        self.count = itertools.count(1)
+
+    def put(self, values: Any) -> int:
+        token = next(self.count) % (2**31 - 1)  # (fits an int32: JAX's default int)
+        with self.lock:
+            while len(self.tapes) >= self.KEEP:
+                self.tapes.pop(next(iter(self.tapes)))
+            self.tapes[token] = values
+        return token
+
+    def take(self, token: int) -> Any:
+        """The tape of ``token`` (removed), or None where it is gone."""
+        with self.lock:
+            return self.tapes.pop(token, None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tapes.clear()
 
 
 class _Sig:

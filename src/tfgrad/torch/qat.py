@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -456,14 +457,122 @@ class _Fused(torch.autograd.Function):
         return (None, None, *result)
 
 
+def _global_hooks() -> bool:
+    m = nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks
+                or m._global_backward_hooks or m._global_backward_pre_hooks)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+_MODELS: dict[int, weakref.ref] = {}
+"""The models by id: the compiled operator's first argument names its model."""
+_TAPES = _exec.Tapes()
+
+
+def _model(key: int) -> KerasModel:
+    ref = _MODELS.get(key)
+    m = ref() if ref is not None else None
+    if m is None:
+        raise RuntimeError("tfgrad.torch.qat: the model of this compiled graph is gone")
+    return m
+
+
+@torch.library.custom_op("tfgrad::qat_program", mutates_args=(), schema=(
+    "(int model, Tensor[] xs, Tensor[] params, Tensor[] state, bool[] need, bool grad) "
+    "-> Tensor[]"))
+def _program_op(model: int, xs: list[torch.Tensor], params: list[torch.Tensor],
+                state: list[torch.Tensor], need: list[bool], grad: bool
+                ) -> list[torch.Tensor]:
+    """A whole forward of the exact path in a compiled graph (:meth:`KerasModel._compiled`):
+    the outputs, a token naming the tape its backward takes, the new state (ranges and
+    moving statistics, which the graph copies into the buffers)."""
+    return _model(model)._run_lists(xs, params, state, need, grad)
+
+
+@_program_op.register_fake
+def _(model: int, xs: list[torch.Tensor], params: list[torch.Tensor],
+      state: list[torch.Tensor], need: list[bool], grad: bool) -> list[torch.Tensor]:
+    n = xs[0].shape[0]
+    outs = [xs[0].new_empty((n, *shape[1:])) for shape in _model(model)._output_shapes]
+    return [*outs, xs[0].new_empty((1,), dtype=torch.int64),
+            *(torch.empty_like(t) for t in state)]
+
+
+@torch.library.custom_op("tfgrad::qat_program_backward", mutates_args=(), schema=(
+    "(int model, Tensor token, Tensor?[] grads, Tensor[] xs, Tensor[] params, bool[] need) "
+    "-> Tensor[]"))
+def _program_backward_op(model: int, token: torch.Tensor, grads: list[torch.Tensor | None],
+                         xs: list[torch.Tensor], params: list[torch.Tensor], need: list[bool]
+                         ) -> list[torch.Tensor]:
+    """TF's gradient of a :func:`_program_op` forward, of each input and parameter in
+    ``need`` (in order)."""
+    entry = _TAPES.take(int(token.reshape(-1)[0]))
+    if entry is None:
+        raise RuntimeError(
+            "tfgrad.torch.qat: the compiled forward's tape is gone (its backward already "
+            f"ran, or more than {_TAPES.KEEP} forwards ran since); run the forward again")
+    tape, slots, leaf_slots = entry
+    n_x = len(xs)
+    given = {s: np.ascontiguousarray(g.detach().numpy(), np.float32)
+             for s, g in zip(slots[n_x:], grads) if g is not None}
+    g = tape.backward(given)
+    seen: set[int] = set()
+    out = []
+    for i, (t, wanted) in enumerate(zip([*xs, *params], need)):
+        if wanted:
+            s = slots[i] if i < n_x else leaf_slots[i - n_x]
+            v = _own(g[s], seen) if s is not None else None
+            out.append(torch.zeros_like(t) if v is None else v)
+    return out
+
+
+@_program_backward_op.register_fake
+def _(model: int, token: torch.Tensor, grads: list[torch.Tensor | None],
+      xs: list[torch.Tensor], params: list[torch.Tensor], need: list[bool]
+      ) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t, wanted in zip([*xs, *params], need) if wanted]
+
+
+def _program_setup(ctx: Any, inputs: tuple, output: list[torch.Tensor]) -> None:
+    model, xs, params, state, need, _ = inputs
+    ctx.model, ctx.need, ctx.n_x = model, need, len(xs)
+    ctx.n_state, ctx.n_out = len(state), len(output) - 1 - len(state)
+    ctx.save_for_backward(output[ctx.n_out], *xs, *params)
+
+
+def _program_backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple:
+    token, *rest = ctx.saved_tensors
+    xs, params = rest[:ctx.n_x], rest[ctx.n_x:]
+    got = iter(_program_backward_op(ctx.model, token, list(grads[:ctx.n_out]), xs, params,
+                                    ctx.need))
+    gx: list[torch.Tensor | None] = [None] * len(xs)
+    gp: list[torch.Tensor | None] = [None] * len(params)
+    for i, wanted in enumerate(ctx.need):
+        if wanted:
+            if i < len(xs):
+                gx[i] = next(got)
+            else:
+                gp[i - len(xs)] = next(got)
+    return None, gx, gp, [None] * ctx.n_state, None, None
+
+
+_program_op.register_autograd(_program_backward, setup_context=_program_setup)
+
+
 class KerasModel(nn.Module):
     """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan.
 
     ``fused`` (on by default where the exact path can): an eager call on CPU float32
     tensors runs the whole model as one program of TF's ops on NumPy arrays and one
     autograd node whose backward is TF's gradient (``tfgrad.qat._exec``): the same bits as
-    the layer-by-layer path, without torch's per-op machinery. Calls under
-    ``torch.compile``, tracing, autocast, functorch transforms, hooks on the layers, or
+    the layer-by-layer path, without torch's per-op machinery. Under ``torch.compile``
+    the same program is one operator of the graph (``tfgrad::qat_program``, its backward
+    ``tfgrad::qat_program_backward``; the batch size symbolic). Calls under
+    ``torch.export``, tracing, autocast, functorch transforms, hooks on the layers, or
     with dropout while training run layer by layer."""
 
     def __init__(self, plan: Plan, exact: bool = True):
@@ -482,7 +591,11 @@ class KerasModel(nn.Module):
                 self.layers[_key(node.name)] = Layer(node, exact)
                 self._walk.append((node.name, _key(node.name), node.inputs))
         self._input_shapes = [(name, plan.node(name).output_shape) for name in plan.inputs]
+        self._output_shapes = [plan.node(name).output_shape for name in plan.outputs]
         self._quantizers = self._quantizer_table()
+        self._layout: tuple[list, list] | None = None
+        self._layout_keys()  # (now: torch.compile's tracing only reads it)
+        _MODELS[id(self)] = weakref.ref(self)
 
     def _quantizer_table(self) -> dict[str, list[tuple[Any, str, tuple, tuple]]]:
         """Per layer, its quantizers with the names the program reads them by (the
@@ -498,6 +611,10 @@ class KerasModel(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._quantizers = self._quantizer_table()  # (derived: whatever a pickle held)
+        self._output_shapes = [self.plan.node(name).output_shape for name in self.plan.outputs]
+        self._layout = None
+        self._layout_keys()
+        _MODELS[id(self)] = weakref.ref(self)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
@@ -510,8 +627,9 @@ class KerasModel(nn.Module):
                 raise ValueError(f"input {name!r}: expected shape {list(shape)} (None: any "
                                  f"size; NHWC), got {list(x.shape)}")
             values[name] = x
-        if self.fused and self._program is not None and not torch.compiler.is_compiling():
-            outs = self._fused(inputs)
+        if self.fused and self._program is not None:
+            outs = (self._compiled(inputs) if torch.compiler.is_compiling()
+                    else self._fused(inputs))
             if outs is not None:
                 return outs[0] if len(outs) == 1 else list(outs)
         for name, key, sources in self._walk:
@@ -541,10 +659,7 @@ class KerasModel(nn.Module):
                 type(x) is not torch.Tensor or not x.is_cpu or x.dtype != torch.float32
                 or x.layout is not torch.strided for x in inputs):
             return None
-        if (nn.modules.module._global_forward_hooks
-                or nn.modules.module._global_forward_pre_hooks
-                or nn.modules.module._global_backward_hooks
-                or nn.modules.module._global_backward_pre_hooks):
+        if _global_hooks():
             return None
         arrays: dict[tuple[str, str], np.ndarray] = {}
         trainable: dict[tuple[str, str], bool] = {}
@@ -554,8 +669,7 @@ class KerasModel(nn.Module):
         view = self._view
         for name, key, _ in self._walk:
             layer = self.layers[key]
-            if (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
-                    or layer._backward_pre_hooks):
+            if _hooked(layer):
                 return None
             training[name] = layer.training
             for attr, p in layer._parameters.items():
@@ -574,8 +688,7 @@ class KerasModel(nn.Module):
                         return None
                     arrays[name, attr] = a
             for q, flag, kmin, kmax in self._quantizers[key]:
-                if (q._forward_hooks or q._forward_pre_hooks or q._backward_hooks
-                        or q._backward_pre_hooks):
+                if _hooked(q):
                     return None
                 training[flag] = q.training
                 buffers = q._buffers  # (min and max: buffers, read without nn.Module's lookup)
@@ -607,6 +720,91 @@ class KerasModel(nn.Module):
         if not grad:
             return tuple(run(None)[0])
         return _Fused.apply(run, len(inputs), *inputs, *params)
+
+    def _layout_keys(self) -> tuple[list, list]:
+        """The program's keys of the parameters and of the state (buffers, ranges) in the
+        order :meth:`_compiled` passes their tensors: (program key, module, attribute)."""
+        if self._layout is None:
+            params: list = []
+            state: list = []
+            for name, key, _ in self._walk:
+                layer = self.layers[key]
+                params += [((name, a), layer, a) for a in layer._parameters]
+                state += [((name, a), layer, a) for a in layer._buffers if a != "optimizer_step"]
+                for q, _, kmin, kmax in self._quantizers[key]:
+                    state += [(kmin, q, "min"), (kmax, q, "max")]
+            self._layout = (params, state)
+        return self._layout
+
+    def _compiled(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Under torch.compile: the forward as one operator of the graph (``tfgrad::
+        qat_program``, its backward ``tfgrad::qat_program_backward``), the same program
+        as the eager fused call; or None where the layers must run one by one (export,
+        autocast, hooks, inputs other than CPU float32, dropout while training, outputs
+        whose shapes are not fixed but for the batch)."""
+        if (torch.compiler.is_exporting() or torch.is_autocast_enabled("cpu")
+                or any(x.dtype != torch.float32 or x.device.type != "cpu" for x in inputs)
+                or any(None in shape[1:] for shape in self._output_shapes)):
+            return None
+        if _global_hooks():
+            return None
+        training: dict[str, bool] = {}
+        for name, key, _ in self._walk:
+            layer = self.layers[key]
+            if _hooked(layer) or any(_hooked(q) for q, _, _, _ in self._quantizers[key]):
+                return None
+            training[name] = layer.training
+        program = self._program
+        assert program is not None
+        if not program.runs(training):
+            return None
+        pkeys, skeys = self._layout_keys()
+        params = [getattr(m, a) for _, m, a in pkeys]
+        state = [getattr(m, a) for _, m, a in skeys]
+        if any(t is None or t.dtype != torch.float32 or t.device.type != "cpu"
+               for t in (*params, *state)):
+            return None
+        need = [x.requires_grad for x in inputs] + [p.requires_grad for p in params]
+        grad = torch.is_grad_enabled() and any(need)
+        got = _program_op(id(self), list(inputs), params, state, need, grad)
+        n_out = len(got) - 1 - len(state)
+        with torch.no_grad():
+            for t, new in zip(state, got[n_out + 1:]):
+                t.copy_(new)
+        return got[:n_out]
+
+    def _run_lists(self, xs: list[torch.Tensor], params: list[torch.Tensor],
+                   state: list[torch.Tensor], need: list[bool], grad: bool
+                   ) -> list[torch.Tensor]:
+        """:func:`_program_op`'s computation: the program on the tensors' memory (the state
+        copied: the program updates it in place), with the layers' training flags now."""
+        pkeys, skeys = self._layout_keys()
+        arrays: dict[tuple[str, str], np.ndarray] = {}
+        trainable: dict[tuple[str, str], bool] = {}
+        for (k, _, _), t, wanted in zip(pkeys, params, need[len(xs):]):
+            arrays[k] = t.detach().numpy()
+            if wanted:
+                trainable[k] = True
+        fresh = []
+        for (k, _, _), t in zip(skeys, state):
+            arrays[k] = a = t.detach().numpy().copy()
+            fresh.append(a)
+        training: dict[str, bool] = {}
+        for name, key, _ in self._walk:
+            training[name] = self.layers[key].training
+            for q, flag, _, _ in self._quantizers[key]:
+                training[flag] = q.training
+        program = self._program
+        assert program is not None
+        xa = [x.detach().numpy() for x in xs]
+        outs, tape, leaves, slots = program.forward(
+            xa, _exec.State(arrays, trainable, training), grad, need[:len(xs)], batch_range,
+            _replica_mean_np if _distributed() else None)
+        tensors = [torch.from_numpy(o.copy() if any(np.may_share_memory(o, x) for x in xa)
+                                    else o) for o in outs]
+        token = _TAPES.put((tape, slots, [leaves.get(k) for k, _, _ in pkeys])) if grad else 0
+        return [*tensors, torch.tensor([token], dtype=torch.int64),
+                *(torch.from_numpy(a) for a in fresh)]
 
     def keras_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
         """Every weight as tf_keras names it, by layer, in the file's order."""
