@@ -7,7 +7,8 @@ torch.compile) and tfgrad.jax.qat (jit).
     python benchmarks/qat_step.py [--smoke] [--batch 32] [--json FILE]
 
 TF runs in subprocesses, one per build (Eigen: TF_ENABLE_ONEDNN_OPTS=0; TF's default
-oneDNN build), as the variable is read at TF's import. Each figure is the median (and
+oneDNN build), as the variable is read at TF's import; JAX in one of its own, without
+torch. Each figure is the median (and
 range) of the per-step wall times after warm-up steps; loss ``sum(y * c)``, SGD lr 0.05.
 Needs tf_keras and tensorflow-model-optimization (the test extra) to build the model.
 """
@@ -152,7 +153,12 @@ def measure(smoke: bool = False, batch: int = 32, model: str = "mobilenet_v2"
                              env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS=flag))
         rows[label] = json.loads(out.stdout.strip().splitlines()[-1])
     rows.update(torch_rows(path, batch, warm, n, compiled=not smoke))
-    rows.update(jax_rows(path, batch, warm, n))
+    # JAX in a process of its own, as a JAX user runs it: in this torch process Numba's
+    # regions would run in torch's OpenMP team (tfgrad._compile.wake_us)
+    out = subprocess.run([sys.executable, __file__, "--jax", path, "--batch", str(batch),
+                          "--n", str(n), "--warm", str(warm)], check=True,
+                         capture_output=True, text=True)
+    rows.update(json.loads(out.stdout.strip().splitlines()[-1]))
     return rows
 
 
@@ -175,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the results as JSON")
     p.add_argument("--build", help=argparse.SUPPRESS)
     p.add_argument("--tf", help=argparse.SUPPRESS)
+    p.add_argument("--jax", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=15, help=argparse.SUPPRESS)
     p.add_argument("--warm", type=int, default=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -188,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tf:
         print(json.dumps(tf_child(args.tf, args.batch, args.warm, args.n)))
+        return 0
+    if args.jax:
+        print(json.dumps(jax_rows(args.jax, args.batch, args.warm, args.n)))
         return 0
     model = args.model or ("cnn" if args.smoke else "mobilenet_v2")
     rows = measure(args.smoke, args.batch, model)

@@ -139,6 +139,30 @@ def test_compiled_batch_stays_symbolic(saved: dict) -> None:
     assert counter.frame_count <= 2
 
 
+def test_compiled_forwards_before_one_backward(saved: dict) -> None:
+    """Six compiled forwards, then one backward of their summed loss (gradient
+    accumulation): each forward's tape is there for it, the bits the eager path's; a
+    forward whose graph is dropped drops its tape."""
+    torch._dynamo.reset()
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 6, 4)
+    eager, compiled = tq.load_keras(path).train(), tq.load_keras(path).train()
+    run = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    for call in (eager, run):
+        loss = sum((call(torch.from_numpy(x)) * torch.from_numpy(c)).sum()
+                   for x, c in zip(xs, cs))
+        loss.backward()
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    for u, v in zip(eager.state_dict().values(), compiled.state_dict().values()):
+        assert torch.equal(u, v)
+    assert not tq._TAPES.tapes
+    y = run(torch.from_numpy(xs[0]))
+    assert len(tq._TAPES.tapes) == 1
+    del y
+    assert not tq._TAPES.tapes
+
+
 def test_compiled_tape_taken_once(saved: dict) -> None:
     """The compiled forward's tape is taken by its backward: a second backward of the same
     graph (retain_graph) is a clear error, not another tape's gradient."""

@@ -259,12 +259,13 @@ _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards
 class Tapes:
     """Forwards' tapes kept host-side for their backwards, by a token (an int) that the
     framework passes through its graph instead of the tape's values (tfgrad.jax.qat's
-    callbacks, tfgrad.torch.qat's compiled operator). A few are kept: a backward takes
-    its tape; a forward whose backward never runs is dropped in turn."""
+    callbacks, tfgrad.torch.qat's compiled operator). At most ``keep`` are kept: a
+    backward takes its tape; a forward whose backward never runs is dropped in turn."""
 
     KEEP = 4
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = self.KEEP if keep is None else keep
         self.tapes: dict[int, Any] = {}
         self.lock = threading.Lock()
         self.count = itertools.count(1)
@@ -272,7 +273,7 @@ class Tapes:
     def put(self, values: Any) -> int:
         token = next(self.count) % (2**31 - 1)  # (fits an int32: JAX's default int)
         with self.lock:
-            while len(self.tapes) >= self.KEEP:
+            while len(self.tapes) >= self.keep:
                 self.tapes.pop(next(iter(self.tapes)))
             self.tapes[token] = values
         return token

@@ -468,14 +468,16 @@ def _hooked(module: nn.Module) -> bool:
                 or module._backward_pre_hooks)
 
 
-_MODELS: dict[int, weakref.ref] = {}
+_MODELS: weakref.WeakValueDictionary[int, KerasModel] = weakref.WeakValueDictionary()
 """The models by id: the compiled operator's first argument names its model."""
-_TAPES = _exec.Tapes()
+_TAPES = _exec.Tapes(keep=64)
+"""The compiled forwards' tapes: each dropped when its token tensor is (the autograd graph
+that saved it for the backward freed), or taken by its backward; at most 64 (several
+forwards before one backward: gradient accumulation)."""
 
 
 def _model(key: int) -> KerasModel:
-    ref = _MODELS.get(key)
-    m = ref() if ref is not None else None
+    m = _MODELS.get(key)
     if m is None:
         raise RuntimeError("tfgrad.torch.qat: the model of this compiled graph is gone")
     return m
@@ -514,7 +516,7 @@ def _program_backward_op(model: int, token: torch.Tensor, grads: list[torch.Tens
     if entry is None:
         raise RuntimeError(
             "tfgrad.torch.qat: the compiled forward's tape is gone (its backward already "
-            f"ran, or more than {_TAPES.KEEP} forwards ran since); run the forward again")
+            f"ran, or more than {_TAPES.keep} forwards ran since); run the forward again")
     tape, slots, leaf_slots = entry
     n_x = len(xs)
     given = {s: np.ascontiguousarray(g.detach().numpy(), np.float32)
@@ -595,7 +597,7 @@ class KerasModel(nn.Module):
         self._quantizers = self._quantizer_table()
         self._layout: tuple[list, list] | None = None
         self._layout_keys()  # (now: torch.compile's tracing only reads it)
-        _MODELS[id(self)] = weakref.ref(self)
+        _MODELS[id(self)] = self
 
     def _quantizer_table(self) -> dict[str, list[tuple[Any, str, tuple, tuple]]]:
         """Per layer, its quantizers with the names the program reads them by (the
@@ -614,7 +616,7 @@ class KerasModel(nn.Module):
         self._output_shapes = [self.plan.node(name).output_shape for name in self.plan.outputs]
         self._layout = None
         self._layout_keys()
-        _MODELS[id(self)] = weakref.ref(self)
+        _MODELS[id(self)] = self
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
@@ -803,8 +805,10 @@ class KerasModel(nn.Module):
         tensors = [torch.from_numpy(o.copy() if any(np.may_share_memory(o, x) for x in xa)
                                     else o) for o in outs]
         token = _TAPES.put((tape, slots, [leaves.get(k) for k, _, _ in pkeys])) if grad else 0
-        return [*tensors, torch.tensor([token], dtype=torch.int64),
-                *(torch.from_numpy(a) for a in fresh)]
+        held = torch.tensor([token], dtype=torch.int64)
+        if grad:
+            weakref.finalize(held, _TAPES.take, token)
+        return [*tensors, held, *(torch.from_numpy(a) for a in fresh)]
 
     def keras_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
         """Every weight as tf_keras names it, by layer, in the file's order."""
