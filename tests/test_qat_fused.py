@@ -17,6 +17,7 @@ pytest.importorskip("tensorflow_model_optimization")
 import tfgrad.torch.qat as tq  # noqa: E402
 from tfgrad.qat import _exec  # noqa: E402
 from tfgrad.testing import qat as models  # noqa: E402
+from tfgrad.torch import _qat_fused  # noqa: E402
 
 FUSED = ("depthwise_chain", "mobilenet_v2_logits", "separable", "mlp", "mobilenet_v2")
 
@@ -156,11 +157,11 @@ def test_compiled_forwards_before_one_backward(saved: dict) -> None:
         assert torch.equal(p.grad, q.grad)
     for u, v in zip(eager.state_dict().values(), compiled.state_dict().values()):
         assert torch.equal(u, v)
-    assert not tq._TAPES.tapes
+    assert not _qat_fused.TAPES.tapes
     y = run(torch.from_numpy(xs[0]))
-    assert len(tq._TAPES.tapes) == 1
+    assert len(_qat_fused.TAPES.tapes) == 1
     del y
-    assert not tq._TAPES.tapes
+    assert not _qat_fused.TAPES.tapes
 
 
 def test_compiled_tape_taken_once(saved: dict) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from .. import qat as _qat
 from ..dispatch.minmax import batch_range
 from ..qat import KerasFileError, Node, Plan, Quantizer, _exec
 from ..qat._ranges import RangeOps, updated_range
+from . import _qat_fused as _fz
 from ._eager import plain_eager
 from ._functions import FUNCTIONS
 
@@ -418,153 +418,6 @@ def _replica_mean_np(v: np.ndarray) -> np.ndarray:
     return _replica_mean(torch.from_numpy(np.array(v, np.float32))).numpy()
 
 
-def _own(g: np.ndarray | None, seen: set[int]) -> torch.Tensor | None:
-    """A gradient as a tensor no other gradient shares (torch may keep it as .grad and
-    add into it)."""
-    if g is None:
-        return None
-    if not g.flags.owndata or id(g) in seen:
-        g = g.copy()
-    seen.add(id(g))
-    return torch.from_numpy(g)
-
-
-class _Fused(torch.autograd.Function):
-    """A whole forward of the exact path as one autograd node (tfgrad.qat._exec)."""
-
-    @staticmethod
-    def forward(ctx: Any, run: Any, n_in: int, *tensors: torch.Tensor) -> Any:
-        outs, tape, slots, keys = run(tensors)
-        ctx.tape, ctx.slots, ctx.keys, ctx.n_in = tape, slots, keys, n_in
-        return tuple(outs)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, *grads: Any) -> Any:
-        tape, slots, n_in = ctx.tape, ctx.slots, ctx.n_in
-        out_slots = slots[n_in:]
-        given = {}
-        for s, g in zip(out_slots, grads):
-            if g is not None:
-                given[s] = np.ascontiguousarray(g.detach().numpy(), np.float32)
-        g = tape.backward(given)
-        ctx.tape = None
-        seen: set[int] = set()
-        result = [_own(g[s], seen) if ctx.needs_input_grad[2 + k] else None
-                  for k, s in enumerate(slots[:n_in])]
-        result += [_own(g[s], seen) if ctx.needs_input_grad[2 + n_in + k] else None
-                   for k, s in enumerate(ctx.keys)]
-        return (None, None, *result)
-
-
-def _global_hooks() -> bool:
-    m = nn.modules.module
-    return bool(m._global_forward_hooks or m._global_forward_pre_hooks
-                or m._global_backward_hooks or m._global_backward_pre_hooks)
-
-
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
-_MODELS: weakref.WeakValueDictionary[int, KerasModel] = weakref.WeakValueDictionary()
-"""The models by id: the compiled operator's first argument names its model."""
-_TAPES = _exec.Tapes(keep=64)
-"""The compiled forwards' tapes: each dropped when its token tensor is (the autograd graph
-that saved it for the backward freed), or taken by its backward; at most 64 (several
-forwards before one backward: gradient accumulation)."""
-
-
-def _model(key: int) -> KerasModel:
-    m = _MODELS.get(key)
-    if m is None:
-        raise RuntimeError("tfgrad.torch.qat: the model of this compiled graph is gone")
-    return m
-
-
-@torch.library.custom_op("tfgrad::qat_program", mutates_args=(), schema=(
-    "(int model, Tensor[] xs, Tensor[] params, Tensor[] state, bool[] need, bool grad) "
-    "-> Tensor[]"))
-def _program_op(model: int, xs: list[torch.Tensor], params: list[torch.Tensor],
-                state: list[torch.Tensor], need: list[bool], grad: bool
-                ) -> list[torch.Tensor]:
-    """A whole forward of the exact path in a compiled graph (:meth:`KerasModel._compiled`):
-    the outputs, a token naming the tape its backward takes, the new state (ranges and
-    moving statistics, which the graph copies into the buffers)."""
-    return _model(model)._run_lists(xs, params, state, need, grad)
-
-
-@_program_op.register_fake
-def _(model: int, xs: list[torch.Tensor], params: list[torch.Tensor],
-      state: list[torch.Tensor], need: list[bool], grad: bool) -> list[torch.Tensor]:
-    n = xs[0].shape[0]
-    outs = [xs[0].new_empty((n, *shape[1:])) for shape in _model(model)._output_shapes]
-    return [*outs, xs[0].new_empty((1,), dtype=torch.int64),
-            *(torch.empty_like(t) for t in state)]
-
-
-@torch.library.custom_op("tfgrad::qat_program_backward", mutates_args=(), schema=(
-    "(int model, Tensor token, Tensor?[] grads, Tensor[] xs, Tensor[] params, bool[] need) "
-    "-> Tensor[]"))
-def _program_backward_op(model: int, token: torch.Tensor, grads: list[torch.Tensor | None],
-                         xs: list[torch.Tensor], params: list[torch.Tensor], need: list[bool]
-                         ) -> list[torch.Tensor]:
-    """TF's gradient of a :func:`_program_op` forward, of each input and parameter in
-    ``need`` (in order)."""
-    entry = _TAPES.take(int(token.reshape(-1)[0]))
-    if entry is None:
-        raise RuntimeError(
-            "tfgrad.torch.qat: the compiled forward's tape is gone (its backward already "
-            f"ran, or more than {_TAPES.keep} forwards ran since); run the forward again")
-    tape, slots, leaf_slots = entry
-    n_x = len(xs)
-    given = {s: np.ascontiguousarray(g.detach().numpy(), np.float32)
-             for s, g in zip(slots[n_x:], grads) if g is not None}
-    g = tape.backward(given)
-    seen: set[int] = set()
-    out = []
-    for i, (t, wanted) in enumerate(zip([*xs, *params], need)):
-        if wanted:
-            s = slots[i] if i < n_x else leaf_slots[i - n_x]
-            v = _own(g[s], seen) if s is not None else None
-            out.append(torch.zeros_like(t) if v is None else v)
-    return out
-
-
-@_program_backward_op.register_fake
-def _(model: int, token: torch.Tensor, grads: list[torch.Tensor | None],
-      xs: list[torch.Tensor], params: list[torch.Tensor], need: list[bool]
-      ) -> list[torch.Tensor]:
-    return [torch.empty_like(t) for t, wanted in zip([*xs, *params], need) if wanted]
-
-
-def _program_setup(ctx: Any, inputs: tuple, output: list[torch.Tensor]) -> None:
-    model, xs, params, state, need, _ = inputs
-    ctx.model, ctx.need, ctx.n_x = model, need, len(xs)
-    ctx.n_state, ctx.n_out = len(state), len(output) - 1 - len(state)
-    ctx.save_for_backward(output[ctx.n_out], *xs, *params)
-
-
-def _program_backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple:
-    token, *rest = ctx.saved_tensors
-    xs, params = rest[:ctx.n_x], rest[ctx.n_x:]
-    got = iter(_program_backward_op(ctx.model, token, list(grads[:ctx.n_out]), xs, params,
-                                    ctx.need))
-    gx: list[torch.Tensor | None] = [None] * len(xs)
-    gp: list[torch.Tensor | None] = [None] * len(params)
-    for i, wanted in enumerate(ctx.need):
-        if wanted:
-            if i < len(xs):
-                gx[i] = next(got)
-            else:
-                gp[i - len(xs)] = next(got)
-    return None, gx, gp, [None] * ctx.n_state, None, None
-
-
-_program_op.register_autograd(_program_backward, setup_context=_program_setup)
-
-
 class KerasModel(nn.Module):
     """A tf_keras model (tfmot QAT or float) as a torch module, built from its plan.
 
@@ -597,7 +450,7 @@ class KerasModel(nn.Module):
         self._quantizers = self._quantizer_table()
         self._layout: tuple[list, list] | None = None
         self._layout_keys()  # (now: torch.compile's tracing only reads it)
-        _MODELS[id(self)] = self
+        _fz.MODELS[id(self)] = self
 
     def _quantizer_table(self) -> dict[str, list[tuple[Any, str, tuple, tuple]]]:
         """Per layer, its quantizers with the names the program reads them by (the
@@ -616,7 +469,7 @@ class KerasModel(nn.Module):
         self._output_shapes = [self.plan.node(name).output_shape for name in self.plan.outputs]
         self._layout = None
         self._layout_keys()
-        _MODELS[id(self)] = self
+        _fz.MODELS[id(self)] = self
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.plan.inputs):
@@ -661,7 +514,7 @@ class KerasModel(nn.Module):
                 type(x) is not torch.Tensor or not x.is_cpu or x.dtype != torch.float32
                 or x.layout is not torch.strided for x in inputs):
             return None
-        if _global_hooks():
+        if _fz.global_hooks():
             return None
         arrays: dict[tuple[str, str], np.ndarray] = {}
         trainable: dict[tuple[str, str], bool] = {}
@@ -671,7 +524,7 @@ class KerasModel(nn.Module):
         view = self._view
         for name, key, _ in self._walk:
             layer = self.layers[key]
-            if _hooked(layer):
+            if _fz.hooked(layer):
                 return None
             training[name] = layer.training
             for attr, p in layer._parameters.items():
@@ -690,7 +543,7 @@ class KerasModel(nn.Module):
                         return None
                     arrays[name, attr] = a
             for q, flag, kmin, kmax in self._quantizers[key]:
-                if _hooked(q):
+                if _fz.hooked(q):
                     return None
                 training[flag] = q.training
                 buffers = q._buffers  # (min and max: buffers, read without nn.Module's lookup)
@@ -712,16 +565,11 @@ class KerasModel(nn.Module):
             outs, tape, leaves, slots = program.forward(
                 xs, state, grad, need, batch_range,
                 _replica_mean_np if _distributed() else None)
-            tensors = []
-            for o in outs:
-                if any(np.may_share_memory(o, x) for x in xs):
-                    o = o.copy()  # (never an input's memory)
-                tensors.append(torch.from_numpy(o))
-            return tensors, tape, slots, [leaves[k] for k in keys]
+            return _fz.as_tensors(outs, xs), tape, slots, [leaves[k] for k in keys]
 
         if not grad:
             return tuple(run(None)[0])
-        return _Fused.apply(run, len(inputs), *inputs, *params)
+        return _fz._Fused.apply(run, len(inputs), *inputs, *params)
 
     def _layout_keys(self) -> tuple[list, list]:
         """The program's keys of the parameters and of the state (buffers, ranges) in the
@@ -748,12 +596,12 @@ class KerasModel(nn.Module):
                 or any(x.dtype != torch.float32 or x.device.type != "cpu" for x in inputs)
                 or any(None in shape[1:] for shape in self._output_shapes)):
             return None
-        if _global_hooks():
+        if _fz.global_hooks():
             return None
         training: dict[str, bool] = {}
         for name, key, _ in self._walk:
             layer = self.layers[key]
-            if _hooked(layer) or any(_hooked(q) for q, _, _, _ in self._quantizers[key]):
+            if _fz.hooked(layer) or any(_fz.hooked(q) for q, _, _, _ in self._quantizers[key]):
                 return None
             training[name] = layer.training
         program = self._program
@@ -768,7 +616,7 @@ class KerasModel(nn.Module):
             return None
         need = [x.requires_grad for x in inputs] + [p.requires_grad for p in params]
         grad = torch.is_grad_enabled() and any(need)
-        got = _program_op(id(self), list(inputs), params, state, need, grad)
+        got = _fz.program_op(id(self), list(inputs), params, state, need, grad)
         n_out = len(got) - 1 - len(state)
         with torch.no_grad():
             for t, new in zip(state, got[n_out + 1:]):
@@ -802,13 +650,8 @@ class KerasModel(nn.Module):
         outs, tape, leaves, slots = program.forward(
             xa, _exec.State(arrays, trainable, training), grad, need[:len(xs)], batch_range,
             _replica_mean_np if _distributed() else None)
-        tensors = [torch.from_numpy(o.copy() if any(np.may_share_memory(o, x) for x in xa)
-                                    else o) for o in outs]
-        token = _TAPES.put((tape, slots, [leaves.get(k) for k, _, _ in pkeys])) if grad else 0
-        held = torch.tensor([token], dtype=torch.int64)
-        if grad:
-            weakref.finalize(held, _TAPES.take, token)
-        return [*tensors, held, *(torch.from_numpy(a) for a in fresh)]
+        token = _fz.token((tape, slots, [leaves.get(k) for k, _, _ in pkeys]) if grad else None)
+        return [*_fz.as_tensors(outs, xa), token, *(torch.from_numpy(a) for a in fresh)]
 
     def keras_weights(self) -> dict[str, list[tuple[str, np.ndarray]]]:
         """Every weight as tf_keras names it, by layer, in the file's order."""
