@@ -164,18 +164,35 @@ def test_compiled_forwards_before_one_backward(saved: dict) -> None:
     assert not _qat_fused.TAPES.tapes
 
 
-def test_compiled_tape_taken_once(saved: dict) -> None:
-    """The compiled forward's tape is taken by its backward: a second backward of the same
-    graph (retain_graph) is a clear error, not another tape's gradient."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_retain_graph_second_backward(saved: dict, compiled: bool) -> None:
+    """Two backwards of one forward under retain_graph (several losses over one graph)
+    give the layer-by-layer path's gradients, summed; the tape goes with the backward
+    that frees the graph, and a backward after that is torch's own error, as for the
+    layers' nodes."""
     torch._dynamo.reset()
     path = saved["depthwise_chain"]
     xs, cs = models.batches(models.load_tf(path), 1, 4)
-    m = tq.load_keras(path).train()
-    run = torch.compile(m, backend="aot_eager", fullgraph=True)
-    loss = (run(torch.from_numpy(xs[0])) * torch.from_numpy(cs[0])).sum()
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="tape is gone"):
+    m, ref = tq.load_keras(path).train(), tq.load_keras(path).train()
+    ref.fused = False
+    run = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+    got = []
+    for model, call in ((m, run), (ref, ref)):
+        x = torch.from_numpy(xs[0]).requires_grad_(True)
+        y = call(x)
+        loss = (y * torch.from_numpy(cs[0])).sum()
+        loss.backward(retain_graph=True)
+        first = x.grad.clone()
         loss.backward()
+        got.append((first, x.grad, [p.grad for p in model.parameters()], y.grad_fn))
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+    (f1, g1, p1, node), (f2, g2, p2, _) = got
+    assert torch.equal(f1, f2) and torch.equal(g1, g2)
+    assert all(torch.equal(u, v) for u, v in zip(p1, p2))
+    assert not _qat_fused.TAPES.tapes
+    if not compiled:
+        assert node.box == []  # (the tape freed with the saved tensors)
 
 
 def test_compiled_with_hooks_or_exported_runs_layer_by_layer(saved: dict) -> None:

@@ -283,6 +283,11 @@ class Tapes:
         with self.lock:
             return self.tapes.pop(token, None)
 
+    def get(self, token: int) -> Any:
+        """The tape of ``token`` (kept), or None where it is gone."""
+        with self.lock:
+            return self.tapes.get(token)
+
     def clear(self) -> None:
         with self.lock:
             self.tapes.clear()

@@ -45,22 +45,31 @@ def as_tensors(outs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list
 
 
 class _Fused(torch.autograd.Function):
-    """A whole forward of the exact path as one autograd node (tfgrad.qat._exec)."""
+    """A whole forward of the exact path as one autograd node (tfgrad.qat._exec).
+
+    The tape lives as long as torch keeps the node's saved tensors: an empty tensor saved
+    for the backward holds it, and torch frees that after the backward (a second backward
+    is then torch's own error) or keeps it under ``retain_graph`` (a second backward
+    replays the tape, as the layers' nodes would)."""
 
     @staticmethod
     def forward(ctx: Any, run: Any, n_in: int, *tensors: torch.Tensor) -> Any:
         outs, tape, slots, keys = run(tensors)
-        ctx.tape, ctx.slots, ctx.keys, ctx.n_in = tape, slots, keys, n_in
+        box = [tape]
+        holder = torch.empty(0)
+        weakref.finalize(holder, box.clear)  # (the box, not ctx: no cycle through the node)
+        ctx.save_for_backward(holder)
+        ctx.box, ctx.slots, ctx.keys, ctx.n_in = box, slots, keys, n_in
         return tuple(outs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
+        _ = ctx.saved_tensors  # (torch's error where the graph was freed by a backward)
         n_in, slots = ctx.n_in, ctx.slots
         want = ctx.needs_input_grad[2:]
-        result = gradients(ctx.tape, slots[n_in:], grads,
+        result = gradients(ctx.box[0], slots[n_in:], grads,
                            [s if w else None for s, w in zip([*slots[:n_in], *ctx.keys], want)])
-        ctx.tape = None
         return (None, None, *result)
 
 
@@ -131,7 +140,7 @@ def _program_backward_op(model: int, token: torch.Tensor, grads: list[torch.Tens
                          ) -> list[torch.Tensor]:
     """TF's gradient of a :func:`_program_op` forward, of each input and parameter in
     ``need`` (in order)."""
-    entry = TAPES.take(int(token.reshape(-1)[0]))
+    entry = TAPES.get(int(token.reshape(-1)[0]))  # (dropped with the token: retain_graph)
     if entry is None:
         raise RuntimeError(
             "tfgrad.torch.qat: the compiled forward's tape is gone (its backward already "
