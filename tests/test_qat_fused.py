@@ -292,10 +292,11 @@ def test_dropout_while_training_runs_layer_by_layer(tmp_path: object) -> None:
 
 
 def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step of a signature seen before (the same shapes, strides, dtypes and flags) calls
-    the first step's prepared ops without computing each call's signature; a new batch
-    size, TFGRAD_MAX_BYTES set, or a trace that no longer fits run the plain way. The bits
-    are the layer-by-layer path's throughout."""
+    """A step of a signature seen before (the same shapes, strides, dtypes and flags) runs
+    the first forward's script (no layer walked) and calls the first step's prepared ops
+    without computing each call's signature; a new batch size, TFGRAD_MAX_BYTES set, or
+    a trace that no longer fits run the plain way. The bits are the layer-by-layer
+    path's throughout."""
     from tfgrad import _api
 
     path = saved["depthwise_chain"]
@@ -309,9 +310,16 @@ def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.Monkey
     looked: list[str] = []
     real = _api.signature
     monkeypatch.setattr(_api, "signature", lambda op, a: looked.append(op.name) or real(op, a))
+    walked: list[str] = []
+    walks: list[int] = []
+    layer = _exec.Program._layer
+    monkeypatch.setattr(_exec.Program, "_layer",
+                        lambda self, run, node, *a: walked.append(node.name) or layer(
+                            self, run, node, *a))
 
     def step(x: np.ndarray, c: np.ndarray) -> int:
         looked.clear()
+        walked.clear()
         got = []
         for m in (fused, layered):
             n = len(looked)
@@ -323,23 +331,24 @@ def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.Monkey
                         *(v.numpy().copy() for v in m.state_dict().values())])
             if m is fused:
                 plain = len(looked) - n
+                walks.append(len(walked))
             for p in m.parameters():
                 p.grad = None
         for s, t in zip(*got):
             assert np.array_equal(_bits(s), _bits(t))
         return plain
 
-    assert step(x4, c4) > 0  # (the first of its signature: traced)
-    assert step(x4b, c4b) == 0  # replayed, forward and backward
-    assert step(x2, c2) > 0  # a new batch size: a new signature
-    assert step(x2[::-1].copy(), c2) == 0
+    assert step(x4, c4) > 0 and walks[-1] > 0  # (the first of its signature: traced)
+    assert step(x4b, c4b) == 0 and walks[-1] == 0  # replayed, forward and backward
+    assert step(x2, c2) > 0 and walks[-1] > 0  # a new batch size: a new signature
+    assert step(x2[::-1].copy(), c2) == 0 and walks[-1] == 0
     monkeypatch.setenv("TFGRAD_MAX_BYTES", str(1 << 40))  # (checks that read it every call)
-    assert step(x4c, c4c) > 0
+    assert step(x4c, c4c) > 0 and walks[-1] > 0
     monkeypatch.delenv("TFGRAD_MAX_BYTES")
     for traces in (program._traces, *(t for t, _ in program._backward_traces.values())):
         for trace in traces.values():  # a trace that does not fit: its calls run plain
             trace[len(trace) // 2] = ("Identity", None)
-    assert step(x4d, c4d) > 0
+    assert step(x4d, c4d) > 0 and walks[-1] == 0  # (the backward's; the forward's script)
 
 
 def test_state_part_of_the_signature(saved: dict) -> None:

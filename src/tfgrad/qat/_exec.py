@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import _api, _gradients
+from .._errors import ResourceLimitError
 from .._opdefs import OPS
 from .._opdefs._types import REQUIRED
 from .._tf.fpenv import flushed
@@ -354,12 +355,43 @@ class _Ops:
             self.trace = None
 
 
+# The steps of a forward's script (:class:`_Run`): how a replay makes each value again.
+_OP, _SLOW, _INPUT, _STATE, _COPY, _CONST, _DERIVED, _RANGE, _STATS = range(9)
+
+
+def _add(*vals: np.ndarray) -> np.ndarray:
+    total = vals[0]
+    for other in vals[1:]:
+        total = total + other
+    return total
+
+
+def _concat(*args: Any) -> np.ndarray:
+    return np.concatenate(args[:-1], axis=args[-1])
+
+
+def _pad(v: np.ndarray, pads: tuple) -> np.ndarray:
+    (t, b), (lf, r) = pads  # (zeros, the image copied in: np.pad's result, ~10x sooner)
+    out = np.zeros((v.shape[0], v.shape[1] + t + b, v.shape[2] + lf + r, v.shape[3]), v.dtype)
+    out[:, t:t + v.shape[1], lf:lf + v.shape[2], :] = v
+    return out
+
+
+def _reshape(v: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return v.reshape(shape)
+
+
 class _Run:
-    """One forward: values, and the tape when a gradient is wanted."""
+    """One forward: values, and the tape when a gradient is wanted. The first run of a
+    signature also writes its script (``script``): each value's step, which
+    :meth:`Program._replay` runs for the later forwards of that signature instead of
+    walking the layers again (the records and slots are the same)."""
 
     def __init__(self, grad: bool, minmax: MinMax,
-                 replica_mean: Callable[[np.ndarray], np.ndarray] | None, ops: _Ops):
+                 replica_mean: Callable[[np.ndarray], np.ndarray] | None, ops: _Ops,
+                 script: list | None = None):
         self.ops = ops
+        self.script = script
         self.values: list[np.ndarray] = []
         self.needs: list[bool] = []
         self.records: list[tuple[str, dict[str, int], dict[str, Any], tuple[int, ...]]] = []
@@ -368,9 +400,13 @@ class _Run:
         self.range_ops = _NUMPY_OPS if replica_mean is None else _NUMPY_OPS._replace(
             replica_mean=lambda lo, hi: (replica_mean(lo), replica_mean(hi)))
 
-    def leaf(self, v: np.ndarray, needs: bool = False) -> int:
+    def leaf(self, v: np.ndarray, needs: bool = False, src: tuple | None = None) -> int:
+        """A value the tape starts from; ``src``: how a replay gets it ((_INPUT, k),
+        (_STATE, key), (_COPY, key): a copy of a state array), None: ``v`` itself."""
         self.values.append(v)
         self.needs.append(needs and self.grad)
+        if self.script is not None:
+            self.script.append((_CONST, v) if src is None else src)
         return len(self.values) - 1
 
     def _record(self, name: str, ins: dict[str, int], attrs: dict[str, Any],
@@ -400,13 +436,36 @@ class _Run:
         for k, s in ins.items():
             args[k] = self.values[s]
         res = self.ops.call(name, args)
+        if self.script is not None:
+            trace = self.ops.trace
+            entry = trace[-1][1] if trace else None
+            if entry is None:
+                self.script.append((_SLOW, name, ins, full))
+            else:  # (the signature cache's entry, its arguments as _api._call gives them)
+                rest, fixed, passed = entry
+                fixed = dict(fixed)
+                fixed.update((n, full[n]) for n in passed if n not in ins)
+                self.script.append((_OP, name, rest, fixed,
+                                    tuple((n, ins[n]) for n in passed if n in ins)))
         return self._record(name, ins, full, res if isinstance(res, tuple) else (res,))
 
     def op1(self, name: str, ins: dict[str, int], **attrs: Any) -> int:
         return self.op(name, ins, **attrs)[0]
 
-    def pseudo(self, name: str, ins: dict[str, int], out: np.ndarray, **attrs: Any) -> int:
+    def derived(self, name: str, ins: dict[str, int], fn: Callable[..., np.ndarray],
+                *extra: Any, **attrs: Any) -> int:
+        """A value the tape differentiates itself (``name``: add, concat, pad, reshape):
+        ``fn(*inputs' values, *extra)``."""
+        out = fn(*[self.values[s] for s in ins.values()], *extra)
+        if self.script is not None:
+            self.script.append((_DERIVED, fn, tuple(ins.values()), extra))
         return self._record(name, ins, attrs, (out,))[0]
+
+    def side(self, step: tuple) -> None:
+        """A step that writes the state (a range update, batch norm's statistics), run now
+        and kept in the script."""
+        if self.script is not None:
+            self.script.append(step)
 
 
 @dataclass
@@ -434,6 +493,7 @@ class Program:
         self._walk = [n for n in plan.nodes if n.kind != "InputLayer"]
         self._dropout = [n for n in self._walk if n.kind == "Dropout"]
         self._traces: dict[_Sig, list] = {}
+        self._scripts: dict[_Sig, tuple] = {}
         self._backward_traces: dict[_Sig, tuple[dict[Any, list], dict[int, list]]] = {}
         self._last_arrays: tuple | None = None
 
@@ -441,7 +501,7 @@ class Program:
         """Pickled (torch.save of a model) without the traces: they hold the ops' prepared
         closures, and a new process prepares its own."""
         state = dict(self.__dict__)
-        state["_traces"], state["_backward_traces"] = {}, {}
+        state["_traces"], state["_backward_traces"], state["_scripts"] = {}, {}, {}
         state["_last_arrays"] = None
         return state
 
@@ -480,20 +540,31 @@ class Program:
                     tuple((type(x), x.dtype, x.shape, x.strides) for x in inputs),
                     self._arrays_signature(state.arrays),
                     tuple(state.trainable.items()), tuple(state.training.items())))
-        ops = _Ops(self._traces, sig)
-        run = _Run(grad, minmax, replica_mean, ops)
-        values: dict[str, int] = {}
-        in_slots = []
-        for k, (name, x) in enumerate(zip(self.plan.inputs, inputs)):
-            need = bool(inputs_need_grad[k]) if k < len(inputs_need_grad) else False
-            values[name] = run.leaf(x, need)
-            in_slots.append(values[name])
-        leaves: dict[tuple[str, str], int] = {}
-        for node in self._walk:
-            values[node.name] = self._layer(run, node, [values[i] for i in node.inputs],
-                                             state, leaves)
-        outs = [values[o] for o in self.plan.outputs]
-        ops.keep()
+        script = getattr(self, "_scripts", {}).get(sig)  # (pickled before it had them)
+        if script is not None and not max_bytes_set():
+            run = self._replay(script, inputs, state, grad, minmax, replica_mean)
+            leaves, in_slots, outs = script[3], script[4], script[5]
+        else:
+            ops = _Ops(self._traces, sig)
+            run = _Run(grad, minmax, replica_mean, ops,
+                       [] if ops.trace is not None else None)
+            values: dict[str, int] = {}
+            in_slots = []
+            for k, (name, x) in enumerate(zip(self.plan.inputs, inputs)):
+                need = bool(inputs_need_grad[k]) if k < len(inputs_need_grad) else False
+                values[name] = run.leaf(x, need, (_INPUT, k))
+                in_slots.append(values[name])
+            leaves = {}
+            for node in self._walk:
+                values[node.name] = self._layer(run, node, [values[i] for i in node.inputs],
+                                                 state, leaves)
+            outs = [values[o] for o in self.plan.outputs]
+            ops.keep()
+            if run.script is not None:
+                scripts = self.__dict__.setdefault("_scripts", {})
+                if len(scripts) >= _TRACES:
+                    scripts.clear()
+                scripts[sig] = (run.script, run.records, run.needs, leaves, in_slots, outs)
         backward = self._backward_traces
         memo = backward.get(sig)
         if memo is None:
@@ -503,6 +574,53 @@ class Program:
         tape = Tape(run.values, run.records, run.needs, *memo)
         return [run.values[s] for s in outs], tape, leaves, in_slots + outs
 
+    def _replay(self, script: tuple, inputs: Sequence[np.ndarray], state: State, grad: bool,
+                minmax: MinMax, replica_mean: Callable[[np.ndarray], np.ndarray] | None
+                ) -> _Run:
+        """A forward of a signature that ran before: its script's steps (the values in
+        the same order, the same ops' signature-cache entries called with the same
+        argument signatures, so the same slots), its records and needs."""
+        run = _Run(grad, minmax, replica_mean, _Ops(None, None))
+        steps, run.records, run.needs = script[0], script[1], script[2]
+        values, arrays = run.values, state.arrays
+        for step in steps:
+            kind = step[0]
+            if kind == _OP:
+                kw = dict(step[3])
+                for n, s in step[4]:
+                    kw[n] = values[s]
+                try:
+                    res = step[2](kw)
+                except MemoryError as e:
+                    raise ResourceLimitError(f"{step[1]}: out of memory ({e})") from None
+                if type(res) is tuple:
+                    values.extend(res)
+                else:
+                    values.append(res)
+            elif kind == _STATE:
+                values.append(arrays[step[1]])
+            elif kind == _COPY:
+                values.append(arrays[step[1]].copy())
+            elif kind == _DERIVED:
+                values.append(step[1](*[values[s] for s in step[2]], *step[3]))
+            elif kind == _RANGE:
+                self._update_range(run, step[1], arrays[step[2]], arrays[step[3]],
+                                   values[step[4]])
+            elif kind == _STATS:
+                arrays[step[1]][...] = values[step[3]]
+                arrays[step[2]][...] = values[step[4]]
+            elif kind == _INPUT:
+                values.append(inputs[step[1]])
+            elif kind == _CONST:
+                values.append(step[1])
+            else:  # _SLOW: an op call the signature cache does not keep
+                args = dict(step[3])
+                for k, s in step[2].items():
+                    args[k] = values[s]
+                res = _op(step[1], args)
+                values.extend(res if isinstance(res, tuple) else (res,))
+        return run
+
     # ----------------------------------------------------------------------------------
     def _weight(self, run: _Run, node: Node, attr: str, state: State,
                 leaves: dict[tuple[str, str], int], quantize: bool = True) -> int:
@@ -510,7 +628,7 @@ class Program:
         key = (node.name, attr)
         slot = leaves.get(key)
         if slot is None:
-            slot = run.leaf(state.arrays[key], state.trainable.get(key, False))
+            slot = run.leaf(state.arrays[key], state.trainable.get(key, False), (_STATE, key))
             if state.trainable.get(key, False):
                 leaves[key] = slot
         q = node.weight_quantizers.get(attr) if quantize else None
@@ -521,18 +639,24 @@ class Program:
     def _quantize(self, run: _Run, node: Node, where: str, q: Quantizer, x: int,
                   state: State) -> int:
         """One of tfmot's quantizers (tfgrad.torch.qat.RangeQuantizer, in NumPy)."""
-        mn = state.arrays[node.name, where + "_min"]
-        mx = state.arrays[node.name, where + "_max"]
+        kmin, kmax = (node.name, where + "_min"), (node.name, where + "_max")
+        mn, mx = state.arrays[kmin], state.arrays[kmax]
         if state.training.get(f"{node.name}/{where}", False):
-            bmin, bmax = run.minmax(run.values[x], q.per_axis)
-            lo, hi = updated_range(q, mn, mx, bmin, bmax, F32(0.0), _EMA, run.range_ops)
-            mn[...] = lo
-            mx[...] = hi
-        lo_s, hi_s = run.leaf(mn.copy()), run.leaf(mx.copy())
+            self._update_range(run, q, mn, mx, run.values[x])
+            run.side((_RANGE, q, kmin, kmax, x))
+        lo_s, hi_s = run.leaf(mn.copy(), src=(_COPY, kmin)), run.leaf(mx.copy(), src=(_COPY, kmax))
         name = ("FakeQuantWithMinMaxVarsPerChannel" if q.per_axis
                 else "FakeQuantWithMinMaxVars")
         return run.op1(name, {"inputs": x, "min": lo_s, "max": hi_s}, num_bits=q.num_bits,
                        narrow_range=q.narrow_range)
+
+    @staticmethod
+    def _update_range(run: _Run, q: Quantizer, mn: np.ndarray, mx: np.ndarray,
+                      x: np.ndarray) -> None:
+        bmin, bmax = run.minmax(x, q.per_axis)
+        lo, hi = updated_range(q, mn, mx, bmin, bmax, F32(0.0), _EMA, run.range_ops)
+        mn[...] = lo
+        mx[...] = hi
 
     def _activate(self, run: _Run, x: int, name: str) -> int:
         if name in ("linear", "noop"):
@@ -587,23 +711,14 @@ class Program:
         elif kind == "Activation":
             y = self._activate(run, x, node.activation)
         elif kind == "Add":
-            v = run.values
-            total = v[xs[0]]
-            for other in xs[1:]:
-                total = total + v[other]
-            y = run.pseudo("add", {str(i): s for i, s in enumerate(xs)}, total)
+            y = run.derived("add", {str(i): s for i, s in enumerate(xs)}, _add)
         elif kind == "Concatenate":
             axis = int(cfg.get("axis", -1)) % run.values[xs[0]].ndim
-            y = run.pseudo("concat", {str(i): s for i, s in enumerate(xs)},
-                           np.concatenate([run.values[s] for s in xs], axis=axis), axis=axis)
+            y = run.derived("concat", {str(i): s for i, s in enumerate(xs)}, _concat, axis,
+                            axis=axis)
         elif kind == "ZeroPadding2D":
             pads = _padding2d(cfg["padding"])
-            (t, b), (lf, r) = pads
-            v = run.values[x]  # (zeros, the image copied in: np.pad's result, ~10x sooner)
-            out = np.zeros((v.shape[0], v.shape[1] + t + b, v.shape[2] + lf + r, v.shape[3]),
-                           v.dtype)
-            out[:, t:t + v.shape[1], lf:lf + v.shape[2], :] = v
-            y = run.pseudo("pad", {"x": x}, out, pads=pads)
+            y = run.derived("pad", {"x": x}, _pad, pads, pads=pads)
         elif kind in ("AveragePooling2D", "MaxPooling2D"):
             k = _pair(cfg.get("pool_size", 2))
             s = _pair(cfg.get("strides") or k)
@@ -620,7 +735,7 @@ class Program:
             v = run.values[x]
             shape = ((v.shape[0], math.prod(v.shape[1:])) if kind == "Flatten"
                      else (v.shape[0], *[int(t) for t in cfg["target_shape"]]))
-            y = run.pseudo("reshape", {"x": x}, v.reshape(shape))
+            y = run.derived("reshape", {"x": x}, _reshape, shape)
         elif kind == "Softmax":
             y = run.op1("Softmax", {"logits": x})
         else:  # (unsupported() refuses every other kind)
@@ -640,10 +755,11 @@ class Program:
         # Keras' fused path: tf.compat.v1.nn.fused_batch_norm raises epsilon to 1.001e-5
         eps = max(float(cfg.get("epsilon", 1e-3)), 1.001e-5)
         momentum = float(cfg.get("momentum", 0.99))
-        mean = state.arrays[node.name, "moving_mean"]
-        var = state.arrays[node.name, "moving_variance"]
-        ins = {"x": x, "scale": gamma, "offset": beta, "mean": run.leaf(mean.copy()),
-               "variance": run.leaf(var.copy())}
+        kmean, kvar = (node.name, "moving_mean"), (node.name, "moving_variance")
+        mean, var = state.arrays[kmean], state.arrays[kvar]
+        ins = {"x": x, "scale": gamma, "offset": beta,
+               "mean": run.leaf(mean.copy(), src=(_COPY, kmean)),
+               "variance": run.leaf(var.copy(), src=(_COPY, kvar))}
         if training:
             y, bm, bv = run.op("FusedBatchNormV3", ins, epsilon=eps,
                                exponential_avg_factor=1.0 - momentum, data_format="NHWC",
@@ -651,6 +767,7 @@ class Program:
             if run.values[x].shape[0] > 0:
                 mean[...] = run.values[bm]
                 var[...] = run.values[bv]
+                run.side((_STATS, kmean, kvar, bm, bv))
             return y
         return run.op("FusedBatchNormV3", ins, epsilon=eps, data_format="NHWC",
                       is_training=False)[0]
