@@ -354,8 +354,9 @@ def test_repeated_steps_replay_the_first(saved: dict, monkeypatch: pytest.Monkey
 def test_state_part_of_the_signature(saved: dict) -> None:
     """The state arrays' part of a forward's signature is reused while the framework passes
     the same array objects (its parameters' views), and rebuilt when one changes: a
-    parameter given new memory with other strides starts a new signature, and the bits
-    stay the layer-by-layer path's."""
+    parameter given new memory with other strides starts a new signature, as does one
+    given other strides over the same memory and shape (a transposed square kernel, once
+    read through its old view), and the bits stay the layer-by-layer path's."""
     path = saved["depthwise_chain"]
     xs, cs = models.batches(models.load_tf(path), 3, 4)
     fused, layered = tq.load_keras(path).train(), tq.load_keras(path).train()
@@ -387,6 +388,14 @@ def test_state_part_of_the_signature(saved: dict) -> None:
     step(2)
     assert program._last_arrays[3] is not part and program._last_arrays[3] != part
     assert len(program._traces) == 2
+    for m in (fused, layered):  # the same memory and shape, other strides: a new view
+        p = next(p for p in m.parameters() if p.dim() == 4 and p.shape[0] == p.shape[1])
+        ptr = p.data_ptr()
+        with torch.no_grad():
+            p.data = p.data.transpose(0, 1)
+        assert p.data_ptr() == ptr
+    step(2)
+    assert len(program._traces) == 3
 
 
 def test_a_stepped_model_pickles(saved: dict) -> None:

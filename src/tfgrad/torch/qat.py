@@ -437,7 +437,7 @@ class KerasModel(nn.Module):
         self._program = (_exec.Program(plan) if exact and _exec.unsupported(plan) is None
                          else None)
         self.fused = self._program is not None
-        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray]] = {}
+        self._views: dict[int, tuple[torch.Tensor, int, np.ndarray, tuple]] = {}
         self.layers = nn.ModuleDict()
         # the graph walk, worked out once: (node name, module key, input names)
         self._walk: list[tuple[str, str, tuple[str, ...]]] = []
@@ -499,12 +499,13 @@ class KerasModel(nn.Module):
             return None
         ptr = t.data_ptr()
         hit = self._views.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == ptr and hit[2].shape == t.shape:
+        if (hit is not None and hit[0] is t and hit[1] == ptr and hit[2].shape == t.shape
+                and hit[3] == t.stride()):  # (a `.data =` may keep memory and shape only)
             return hit[2]
         a = t.detach().numpy()
         if len(self._views) > 4096:
             self._views.clear()
-        self._views[id(t)] = (t, ptr, a)
+        self._views[id(t)] = (t, ptr, a, t.stride())
         return a
 
     def _fused(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
