@@ -291,6 +291,21 @@ def test_module_that_no_longer_fits(saved: dict, tmp_path: object) -> None:
         tq.save_keras(torch.nn.Linear(2, 2), out)  # type: ignore[arg-type]
 
 
+def test_save_keras_bad_paths(saved: dict, tmp_path: object) -> None:
+    """A folder, or a file in a folder that does not exist: an error naming the path and
+    what to do, and no file left behind (the temporary one is written next to the
+    target)."""
+    m = tq.load_keras(saved["mlp"][1])
+    folder = str(tmp_path)
+    with pytest.raises(IsADirectoryError, match="is a folder: name the .h5 file"):
+        tq.save_keras(m, folder)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tq.save_keras(m, os.path.join(folder, "missing", "out.h5"))
+    assert os.listdir(folder) == []
+    tq.save_keras(m, os.fsencode(os.path.join(folder, "out.h5")))  # (a bytes path)
+    assert os.listdir(folder) == ["out.h5"]
+
+
 def test_input_shape_checked(saved: dict) -> None:
     m = tq.load_keras(saved["mlp"][1])
     with pytest.raises(ValueError, match=r"expected shape \[None, 24\]"):

@@ -159,9 +159,18 @@ def write_keras_h5(path: str | os.PathLike[str], config: Mapping[str, Any],
     """Write a tf_keras ``.h5`` model file atomically (a temporary file in the same folder,
     renamed over ``path`` only once complete), as tf_keras' ``model.save`` lays it out."""
     h5py = _h5py()
-    p = os.fspath(path)
+    p = os.fsdecode(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(p))
-    fd, tmp = tempfile.mkstemp(suffix=".h5.tmp", dir=folder)
+    if os.path.isdir(p):
+        raise IsADirectoryError(f"{p!r} is a folder: name the .h5 file to write, e.g. "
+                                f"{os.path.join(p, 'model.h5')!r}")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{p!r}: its folder {folder!r} does not exist (create it "
+                                f"first)")
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=".h5.tmp", dir=folder)
+    except PermissionError as e:
+        raise PermissionError(f"{p!r}: cannot write in {folder!r} ({e.strerror})") from None
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
