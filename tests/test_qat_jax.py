@@ -389,6 +389,36 @@ def test_fused_backward_whose_tape_is_gone(saved: dict) -> None:
         assert bits(jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)) == want
 
 
+def test_fused_second_derivative_is_refused_as_tf(saved: dict) -> None:
+    """A derivative of the fused program's gradient (grad of grad, under jit or not) is
+    TF's refusal, as the op-by-op path's is (its gradient ops have no gradient); a first
+    derivative under jax.checkpoint is unchanged."""
+    import tfgrad.jax as tj
+
+    m = jq.load_keras(saved["depthwise_chain"][1])
+    k = models.keras().models.load_model(saved["depthwise_chain"][0], compile=False)
+    (x,), (c,) = models.batches(k, 1, 5, seed=3)
+    params, state = m.variables["params"], m.variables["state"]
+
+    def loss(params: dict) -> object:
+        y, _ = m.apply({"params": params, "state": state}, x, training=True)
+        return jnp.sum(y * c)
+
+    def twice(params: dict) -> object:
+        return sum(jnp.sum(g) for g in jax.tree.leaves(jax.grad(loss)(params)))
+
+    with tj.use_impl("exact"):
+        for fused in (True, False):
+            m.fused = fused
+            for run in (jax.grad(twice), jax.jit(jax.grad(twice))):
+                with pytest.raises(LookupError, match="TF 2.21"):
+                    run(params)
+        m.fused = True
+        want = [np.asarray(v).tobytes() for v in jax.tree.leaves(jax.grad(loss)(params))]
+        got = jax.jit(jax.grad(jax.checkpoint(loss)))(params)
+        assert [np.asarray(v).tobytes() for v in jax.tree.leaves(got)] == want
+
+
 def test_fused_only_where_every_op_runs_exact(saved: dict) -> None:
     """use_impl("native") and a replica axis run op by op (the replica means sit inside
     the forward), as does fused = False."""

@@ -44,6 +44,26 @@ class _Tapes(_exec.Tapes):
 
 
 TAPES = _Tapes()
+
+
+def _first_order(host: Any, specs: list, *operands: Any) -> Any:
+    """A callback of the program (its forward, its backward), whose derivative inside a
+    derivative is refused as TF refuses it (the gradient ops have none), rather than by
+    JAX's message about callbacks."""
+
+    @jax.custom_jvp
+    def call(*ops: Any) -> Any:
+        return jax.pure_callback(host, specs, *ops, vmap_method="sequential")
+
+    @call.defjvp
+    def _(primals: tuple, tangents: tuple) -> Any:
+        raise LookupError(
+            "tfgrad.jax.qat: a second derivative of a QAT model does not exist in TF 2.21 "
+            "(its gradient ops, FakeQuantWithMinMaxVarsGradient and others, have no "
+            "gradient: 'No gradient defined for operation'); differentiate the training "
+            "step once")
+
+    return call(*operands)
 TOKEN = jax.ShapeDtypeStruct((1,), np.int32)
 
 
@@ -197,8 +217,7 @@ class Fused:
             host._tfgrad_host = True  # type: ignore[attr-defined]  # (_exact's lowering)
             result = [*out_specs, *(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in ss),
                       *((TOKEN,) if spec is not None else ())]
-            return list(jax.pure_callback(host, result, *operands,
-                                          vmap_method="sequential"))
+            return list(_first_order(host, result, *operands))
 
         n_out = len(self.plan.outputs)
         out_specs = self.out_specs(xs, ps, ss, pkeys, skeys, training)
@@ -251,9 +270,7 @@ class Fused:
                 host._tfgrad_host = True  # type: ignore[attr-defined]
                 specs = [jax.ShapeDtypeStruct(*(x_shapes if w == "x" else p_shapes)[k])
                          for w, k in wanted]
-                grads = list(jax.pure_callback(host, specs, *res,
-                                               *(ct_outs[k] for k in given),
-                                               vmap_method="sequential"))
+                grads = list(_first_order(host, specs, *res, *(ct_outs[k] for k in given)))
             gx: list[Any] = [None] * len(need_x)
             gp: list[Any] = [None] * len(need_p)
             for (w, k), g in zip(wanted, grads):
