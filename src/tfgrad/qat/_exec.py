@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from .. import _api, _gradients
-from .._errors import ResourceLimitError
 from .._opdefs import OPS
 from .._opdefs._types import REQUIRED
 from .._tf.fpenv import flushed
@@ -356,7 +355,7 @@ class _Ops:
 
 
 # The steps of a forward's script (:class:`_Run`): how a replay makes each value again.
-_OP, _SLOW, _INPUT, _STATE, _COPY, _CONST, _DERIVED, _RANGE, _STATS = range(9)
+_OP, _INPUT, _STATE, _COPY, _CONST, _DERIVED, _RANGE, _STATS = range(8)
 
 
 def _add(*vals: np.ndarray) -> np.ndarray:
@@ -436,17 +435,9 @@ class _Run:
         for k, s in ins.items():
             args[k] = self.values[s]
         res = self.ops.call(name, args)
-        if self.script is not None:
+        if self.script is not None:  # (the call's signature-cache entry, as _Ops notes it)
             trace = self.ops.trace
-            entry = trace[-1][1] if trace else None
-            if entry is None:
-                self.script.append((_SLOW, name, ins, full))
-            else:  # (the signature cache's entry, its arguments as _api._call gives them)
-                rest, fixed, passed = entry
-                fixed = dict(fixed)
-                fixed.update((n, full[n]) for n in passed if n not in ins)
-                self.script.append((_OP, name, rest, fixed,
-                                    tuple((n, ins[n]) for n in passed if n in ins)))
+            self.script.append((_OP, name, trace[-1][1] if trace else None, ins, full))
         return self._record(name, ins, full, res if isinstance(res, tuple) else (res,))
 
     def op1(self, name: str, ins: dict[str, int], **attrs: Any) -> int:
@@ -585,14 +576,12 @@ class Program:
         values, arrays = run.values, state.arrays
         for step in steps:
             kind = step[0]
-            if kind == _OP:
-                kw = dict(step[3])
-                for n, s in step[4]:
-                    kw[n] = values[s]
-                try:
-                    res = step[2](kw)
-                except MemoryError as e:
-                    raise ResourceLimitError(f"{step[1]}: out of memory ({e})") from None
+            if kind == _OP:  # (as _Ops.call replays a call)
+                _, name, entry, ins, full = step
+                args = dict(full)
+                for k, s in ins.items():
+                    args[k] = values[s]
+                res = _op(name, args) if entry is None else _api.run_cached(name, entry, args)
                 if type(res) is tuple:
                     values.extend(res)
                 else:
@@ -611,14 +600,8 @@ class Program:
                 arrays[step[2]][...] = values[step[4]]
             elif kind == _INPUT:
                 values.append(inputs[step[1]])
-            elif kind == _CONST:
+            else:  # _CONST
                 values.append(step[1])
-            else:  # _SLOW: an op call the signature cache does not keep
-                args = dict(step[3])
-                for k, s in step[2].items():
-                    args[k] = values[s]
-                res = _op(step[1], args)
-                values.extend(res if isinstance(res, tuple) else (res,))
         return run
 
     # ----------------------------------------------------------------------------------

@@ -87,9 +87,9 @@ def hooked(module: nn.Module) -> bool:
 MODELS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 """The models by id: the compiled operator's first argument names its model."""
 TAPES = _exec.Tapes(keep=64)
-"""The compiled forwards' tapes: each dropped when its token tensor is (the autograd graph
-that saved it for the backward freed), or taken by its backward; at most 64 (several
-forwards before one backward: gradient accumulation)."""
+"""The compiled forwards' tapes: each dropped when its token tensor is (freed with the
+graph that saved it for the backward, after the backward unless ``retain_graph``); at
+most 64 (several forwards before one backward: gradient accumulation)."""
 
 
 def token(entry: Any) -> torch.Tensor:
@@ -143,8 +143,8 @@ def _program_backward_op(model: int, token: torch.Tensor, grads: list[torch.Tens
     entry = TAPES.get(int(token.reshape(-1)[0]))  # (dropped with the token: retain_graph)
     if entry is None:
         raise RuntimeError(
-            "tfgrad.torch.qat: the compiled forward's tape is gone (its backward already "
-            f"ran, or more than {TAPES.keep} forwards ran since); run the forward again")
+            "tfgrad.torch.qat: the compiled forward's tape is gone (more than "
+            f"{TAPES.keep} forwards ran since); run the forward again")
     tape, slots, leaf_slots = entry
     n_x = len(xs)
     wanted = [(slots[i] if i < n_x else leaf_slots[i - n_x]) if w else None
