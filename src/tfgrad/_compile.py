@@ -32,6 +32,7 @@ what waking the threads costs.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -229,6 +230,16 @@ def launch(family: str, kernel: Twins, work: int, *args: Any, units: int = 2) ->
         return kernel.parallel(*args)
     finally:
         numba.set_parallel_chunksize(old)
+
+
+def launcher(family: str, kernel: Twins, work: int, units: int = 2) -> Callable[..., Any]:
+    """:func:`launch` of ``kernel`` on calls of this size, for a caller that keeps it per
+    signature: the serial twin itself where the size alone makes every call serial (under
+    the family's ``parallel_min``, or fewer than two parts), else ``launch`` bound to
+    ``(family, kernel, work, units)``, which decides per call."""
+    if work < POLICY[family].parallel_min or units < 2:
+        return kernel.serial
+    return functools.partial(launch, family, kernel, work, units=units)
 
 
 @jit(parallel=True)

@@ -213,17 +213,67 @@ _GRAD_ARGS = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", 
 
 def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
     """``check``, then the rest of the op as a function of the arguments (``tfgrad._api``
-    keeps it per signature)."""
+    keeps it per signature: the kernels' layout and launches are worked out here, once)."""
     check(op, args)
     eps, fmt, training = args["epsilon"], args["data_format"], args["is_training"]
+    x = args["x"]
+    channel_last = _CHANNEL_LAST[fmt]
     if "Grad" in op:
-        return lambda a: _grad_checked(a["y_backprop"], a["x"], a["scale"],
-                                       a["reserve_space_1"], a["reserve_space_2"], eps, fmt,
-                                       training)
+        if x.size == 0:
+            return lambda a: _grad_checked(a["y_backprop"], a["x"], a["scale"],
+                                           a["reserve_space_1"], a["reserve_space_2"], eps,
+                                           fmt, training)
+        return _grad_rest(x.shape, x.dtype, eps, fmt, training)
     version = 3 if op.endswith("V3") else 2 if op.endswith("V2") else 1
     factor = args["exponential_avg_factor"]
-    return lambda a: _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
-                                      a["variance"], eps, factor, fmt, training)
+    if x.size == 0:
+        return lambda a: _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
+                                          a["variance"], eps, factor, fmt, training)
+    run = _dispatch().forward_runner(x.shape, x.dtype, eps, factor, channel_last, training)
+    v3 = version == 3
+
+    def forward(a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        if _config.use_reference():
+            return _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
+                                    a["variance"], eps, factor, fmt, training)
+        with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results
+            y, bm, bv, sm, sv = run(a["x"], a["scale"].astype(_F32, copy=False),
+                                    a["offset"].astype(_F32, copy=False),
+                                    a["mean"].astype(_F32, copy=False),
+                                    a["variance"].astype(_F32, copy=False))
+        out = (y, bm.copy(), bv.copy(), sm.copy(), sv.copy())
+        return out + (np.zeros((), _F32),) if v3 else out
+
+    return forward
+
+
+def _grad_rest(shape: tuple[int, ...], dtype: np.dtype, eps: float, fmt: str,
+               training: bool) -> Callable[[dict[str, Any]], Any]:
+    """A non-empty gradient's rest (see ``prepare``): TF's thread split of its sums kept
+    per TF thread count."""
+    channel_last = _CHANNEL_LAST[fmt]
+    run = _dispatch().grad_runner(shape, dtype, eps, channel_last, training)
+    plans: dict[int, Any] = {}
+    empty = np.zeros(0, _F32)
+
+    def grad(a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        threads = _config.tf_intra_op_threads()
+        plan = plans.get(threads, _NO_PLAN)
+        if plan is _NO_PLAN:
+            plan = plans[threads] = _dispatch().grad_plan(a["x"], channel_last)
+        if plan is None or _config.use_reference():
+            return _grad_checked(a["y_backprop"], a["x"], a["scale"], a["reserve_space_1"],
+                                 a["reserve_space_2"], eps, fmt, training)
+        with flush_denormals(), np.errstate(all="ignore"):
+            dx, sb, ob = run(a["y_backprop"], a["x"], a["scale"].astype(_F32, copy=False),
+                             a["reserve_space_1"].astype(_F32, copy=False),
+                             a["reserve_space_2"].astype(_F32, copy=False), plan)
+        return dx, sb, ob, empty.copy(), empty.copy()
+
+    return grad
+
+
+_NO_PLAN = object()
 
 
 def _check_forward(op: str, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
