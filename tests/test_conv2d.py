@@ -95,15 +95,36 @@ def test_backprop_filter_shards_follow_tfs_l3_rule():
 # --------------------------------------------------------------------------------------
 # oneDNN's small kernels: compiled == reference, and TF live
 # --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("R", [9, 16, 37])  # (rows in blocks of 16, and one at a time)
 @pytest.mark.parametrize("K", [1, 2, 5, 15, 16, 17, 33, 100, 385])
-def test_smalln_kernel_equals_reference(K):
+def test_smalln_kernel_equals_reference(K, R):
     rng = np.random.default_rng(K)
-    A = rng.standard_normal((9, K)).astype(F32)
+    A = rng.standard_normal((R, K)).astype(F32)
     B = rng.standard_normal((5, K)).astype(F32)
     A[0, 0] = 0
-    out = np.empty((9, 5), F32)
+    A[R - 1, :] = -0.0  # (a row of -0 products: the halving's zero signs)
+    A[1, K // 2] = 1e-40  # (a denormal: read as 0)
+    out = np.empty((R, 5), F32)
     k.smalln.serial(A, B, out)
     assert np.array_equal(_bits(out), _bits(C.smalln_reference(A, B)))
+    k.smalln.parallel(A, B, out)
+    assert np.array_equal(_bits(out), _bits(C.smalln_reference(A, B)))
+
+
+@pytest.mark.parametrize("C_in,KW,stride,dilation,padding", [
+    (3, 3, 2, 1, "SAME"),  # a row of the filter inside the image: one masked vector copy
+    (5, 3, 1, 1, "SAME"), (16, 1, 1, 1, "VALID"), (17, 1, 1, 1, "VALID"),  # 17: a loop
+    (2, 5, 1, 2, "SAME"), (6, 2, 3, 1, "VALID")])
+def test_im2col_kernel_equals_reference(C_in, KW, stride, dilation, padding):
+    from tfgrad.dispatch import conv2d as D
+
+    rng = np.random.default_rng(C_in * KW)
+    x = rng.standard_normal((2, 9, 11, C_in)).astype(F32)
+    f = rng.standard_normal((3, KW, C_in, 4)).astype(F32)
+    geo = C._checked(C.FORWARD, {
+        "input": x, "filter": f, "strides": [1, stride, stride, 1], "padding": padding,
+        "explicit_paddings": [], "data_format": "NHWC", "dilations": [1, dilation, dilation, 1]})
+    assert np.array_equal(_bits(D._cols(x, geo)), _bits(C.im2col(x, geo)))
 
 
 @pytest.mark.parametrize("P,O", [(2, 3), (9, 17), (15, 100), (9, 800), (1, 33), (1, 129)])

@@ -567,6 +567,38 @@ vwhere_le = _ternary_select("vwhere_le", "x where a <= b, else y, per lane (fals
                             lambda bd, a, b: bd.fcmp_ordered("<=", a, b))
 
 
+def _fold(h: int):  # type: ignore[no-untyped-def]
+    def typer(typingctx, a, b):  # type: ignore[no-untyped-def]
+        if not (isinstance(a, Vec) and b == a and a.lanes >= 2 * h):
+            return None
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            n, seg = a.lanes, 2 * h
+            idx = ir.VectorType(ir.IntType(32), n)
+            lo = [j * seg + i for j in range(2 * n // seg) for i in range(h)]
+            hi = [j * seg + h + i for j in range(2 * n // seg) for i in range(h)]
+            x = builder.shuffle_vector(args[0], args[1], ir.Constant(idx, lo))
+            y = builder.shuffle_vector(args[0], args[1], ir.Constant(idx, hi))
+            return builder.fadd(x, y)
+
+        return a(a, b), codegen
+
+    typer.__name__ = typer.__qualname__ = f"vfold{h}"
+    typer.__doc__ = (
+        f"One halving step of {h} lanes for the segments of a then b: a and b hold "
+        f"segments of {2 * h} lanes each (one sum each); lane l < {h} of every segment "
+        f"plus lane l + {h}, the segments' halves kept in order (a's, then b's), so "
+        "that four steps (8, 4, 2, 1) halve 16 vectors' lanes into one vector, lane i "
+        "the i-th vector's sum, with the adds of a lane-by-lane halving.")
+    return intrinsic(typer)
+
+
+vfold8 = _fold(8)
+vfold4 = _fold(4)
+vfold2 = _fold(2)
+vfold1 = _fold(1)
+
+
 @intrinsic
 def vany_ne(typingctx, a, b):  # type: ignore[no-untyped-def]
     """True if a != b in any lane (a NaN lane counts as unequal)."""

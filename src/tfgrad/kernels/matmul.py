@@ -61,6 +61,25 @@ def vfma(typingctx, s, v, acc):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vfma_first(typingctx, a, b, acc, n):  # type: ignore[no-untyped-def]
+    """fma(a, b, acc) in the first n lanes (one rounding each), acc as it is in the
+    others (n an integer, 0 <= n <= lanes)."""
+    vt = acc
+    if not (vt == _V and a == vt and b == vt and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        ty = _llvm_type(vt)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3),
+                                            f"llvm.fma.v{vt.lanes}f32")
+        mask = _first_lanes(builder, vt.lanes,
+                            context.cast(builder, args[3], sig.args[3], types.int64))
+        return builder.select(mask, builder.call(fn, [args[0], args[1], args[2]]), args[2])
+
+    return vt(a, b, acc, n), codegen
+
+
+@intrinsic
 def vload8(typingctx, arr, i):  # type: ignore[no-untyped-def]
     """arr.flat[i:i + 8] of a float32 array (C-contiguous, one-dimensional)."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.float32
