@@ -168,6 +168,23 @@ def test_wake_cost_measured_or_given():
     assert got.stdout.split()[:2] == ["0.0", "4.0"]
 
 
+def test_wake_cost_measured_before_the_first_threaded_launch():
+    """A process whose first ops enter no flushed block (fake quant alone) measures the
+    wake cost before its first call big enough to thread, as every other process: it
+    ran on sleeping threads at any cost before."""
+    env = dict(os.environ, NUMBA_NUM_THREADS="2")
+    env.pop("TFGRAD_WAKE_US", None)
+    code = ("import numpy as np, tfgrad\nfrom tfgrad import _compile as c\n"
+            "n = c.POLICY['fake_quant'].parallel_min\n"
+            "tfgrad.raw_ops.FakeQuantWithMinMaxVars(inputs=np.ones(n, np.float32), "
+            "min=np.float32(-1), max=np.float32(1))\n"
+            "print(c._WORKERS_STARTED, c._WAKE_US > 0)\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["True", "True"]
+
+
 def test_bad_wake_setting_is_a_clear_error():
     for bad in ("fast", "-1", "nan", "inf"):
         got = _wake_in_subprocess(bad)

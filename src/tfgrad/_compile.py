@@ -218,8 +218,11 @@ def launch(family: str, kernel: Twins, work: int, *args: Any, units: int = 2) ->
     """``kernel(*args)``: its serial twin or its parallel form, as :func:`threads` says,
     the threshold scaled by what waking the threads costs here (:func:`wake_us`)."""
     policy = POLICY[family]
-    if (work < policy.parallel_min or units < 2 or num_threads() < 2
-            or work * policy.wake_us < policy.parallel_min * _WAKE_US):
+    if work < policy.parallel_min or units < 2 or num_threads() < 2:
+        return kernel.serial(*args)
+    if not _WORKERS_STARTED:  # (the wake cost is measured then: an op that never
+        start_workers()  # entered a flushed block, fake quant's, would see 0 before)
+    if work * policy.wake_us < policy.parallel_min * _WAKE_US:
         return kernel.serial(*args)
     chunk = policy.chunk
     if not chunk:
