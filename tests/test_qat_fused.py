@@ -195,32 +195,6 @@ def test_retain_graph_second_backward(saved: dict, compiled: bool) -> None:
         assert node.box == []  # (the tape freed with the saved tensors)
 
 
-def test_backward_keeps_only_the_gradients_asked_for(saved: dict,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The node's backward asks the tape for the slots of its inputs and parameters
-    only: those gradients are the bits of a backward that keeps every slot's, and the
-    others (intermediate values' gradients) are dropped once used."""
-    path = saved["depthwise_chain"]
-    xs, cs = models.batches(models.load_tf(path), 1, 4)
-    calls: list[tuple] = []
-    real = _exec.Tape.backward
-    monkeypatch.setattr(_exec.Tape, "backward", lambda self, grads, keep=None: calls.append(
-        (self, grads, keep)) or real(self, grads, keep))
-    m = tq.load_keras(path).train()
-    x = torch.from_numpy(xs[0]).requires_grad_(True)
-    (m(x) * torch.from_numpy(cs[0])).sum().backward()
-    (tape, grads, keep), = calls
-    assert keep
-    every, kept = real(tape, grads), real(tape, grads, keep)
-    for slot, (a, b) in enumerate(zip(every, kept)):
-        if slot in keep:
-            assert (a is None) == (b is None)
-            assert a is None or np.array_equal(_bits(a), _bits(b))
-        else:
-            assert b is None
-    assert sum(a is not None for a in every) > len(keep)
-
-
 def test_compiled_with_hooks_or_exported_runs_layer_by_layer(saved: dict) -> None:
     """A hook on a layer under torch.compile, and torch.export: the layers one by one
     (the hook is called; the exported program holds no tfgrad::qat_program)."""

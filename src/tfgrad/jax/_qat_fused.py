@@ -315,18 +315,17 @@ class Fused:
                  x_shapes: list, p_shapes: list) -> tuple[np.ndarray, ...]:
         tape = _exec.Tape(values, spec.records, spec.needs, spec.traces,
                           spec.steps)
-        slots: list[int | None] = []
+        g = tape.backward({spec.out_slots[k]: np.ascontiguousarray(c, np.float32)
+                           for k, c in cts.items()})
+        out = []
         for w, k in wanted:
             if w == "x":
-                slots.append(spec.in_slots[k])
+                slot: int | None = spec.in_slots[k]
+                shape, dtype = x_shapes[k]
             else:
                 key = pkeys[k]
-                slots.append(spec.leaves.get(self.ranges.get(key, key)))
-        g = tape.backward({spec.out_slots[k]: np.ascontiguousarray(c, np.float32)
-                           for k, c in cts.items()}, {s for s in slots if s is not None})
-        out = []
-        for (w, k), slot in zip(wanted, slots):
-            shape, dtype = x_shapes[k] if w == "x" else p_shapes[k]
+                slot = spec.leaves.get(self.ranges.get(key, key))
+                shape, dtype = p_shapes[k]
             v = g[slot] if slot is not None else None
             out.append(np.zeros(shape, dtype) if v is None
                        else np.ascontiguousarray(v, dtype=dtype))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,22 +109,18 @@ class Tape:
     """Each record's gradient calls worked out (:meth:`_prepared`), by record, kept
     likewise: the same for every tape of that signature."""
 
-    def backward(self, grads: Mapping[int, np.ndarray], keep: Collection[int] | None = None
-                 ) -> list[np.ndarray | None]:
-        """The gradient of every slot (None where none reaches it), from the outputs'; with
-        ``keep``, of those slots only (the others are dropped once used: the backward's
-        memory is then reused while it is still in the caches)."""
+    def backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
+        """The gradient of every slot (None where none reaches it), from the outputs'."""
         traces = self.traces
         sig = None
         if traces is not None:
             sig = tuple((s, type(v), v.dtype, v.shape, v.strides) for s, v in grads.items())
         ops = self._ops = _Ops(traces, sig)
-        g = self._backward(grads, keep)
+        g = self._backward(grads)
         ops.keep()
         return g
 
-    def _backward(self, grads: Mapping[int, np.ndarray], keep: Collection[int] | None
-                  ) -> list[np.ndarray | None]:
+    def _backward(self, grads: Mapping[int, np.ndarray]) -> list[np.ndarray | None]:
         g: list[np.ndarray | None] = [None] * len(self.values)
         for slot, v in grads.items():
             g[slot] = v
@@ -169,10 +165,6 @@ class Tape:
                 add(ins["logits"], flushed(flushed(gy - s) * y))
             else:
                 self._gradient(at, name, ins, attrs, outs, gouts, add)
-            if keep is not None:
-                for s in outs:
-                    if s not in keep:
-                        g[s] = None
         return g
 
     def reads(self) -> tuple[set[int], set[int]]:

@@ -33,7 +33,7 @@ def gradients(tape: _exec.Tape, out_slots: Sequence[int], grads: Sequence[Any],
     ``grads`` (tensors, or None), each a tensor of its own."""
     given = {s: np.ascontiguousarray(g.detach().numpy(), np.float32)
              for s, g in zip(out_slots, grads) if g is not None}
-    g = tape.backward(given, {s for s in wanted if s is not None})
+    g = tape.backward(given)
     seen: set[int] = set()
     return [_own(g[s], seen) if s is not None else None for s in wanted]
 
