@@ -33,10 +33,7 @@ def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, t0, cols):  # type: ignor
     filter row inside the image is one contiguous run of KW*C values."""
     n, H, W, C = x.shape
     xf = x.reshape(-1)
-    cf = cols.reshape(-1)
-    Kc = cols.shape[1]
     run = KW * C
-    short = run <= 16  # (a run as one masked vector load and store: a few channels)
     for u in prange(cols.shape[0] // OW):
         t = t0 + u
         b = t // OH
@@ -53,11 +50,8 @@ def _im2col(x, KH, KW, OH, OW, sh, sw, dh, dw, pt, pl, t0, cols):  # type: ignor
                         cols[p, k + q] = np.float32(0.0)
                 elif inside:
                     base = ((b * H + r) * W + c0) * C
-                    if short:
-                        vstore_part(cf, p * Kc + k, vload_part(xf, base, run), run)
-                    else:
-                        for q in range(run):
-                            cols[p, k + q] = xf[base + q]
+                    for q in range(run):
+                        cols[p, k + q] = xf[base + q]
                 else:
                     for kw in range(KW):
                         c = c0 + kw * dw
