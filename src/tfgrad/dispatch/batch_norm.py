@@ -67,20 +67,12 @@ def _channel_block(C: int, most: int = SLOT) -> int:
     return int(min(most, max(16, -(-cb // 16) * 16)))
 
 
-def forward(x: np.ndarray, scale: np.ndarray, offset: np.ndarray, mean: np.ndarray,
-            variance: np.ndarray, eps: float, factor: float, channel_last: bool,
-            is_training: bool) -> tuple[np.ndarray, ...]:
-    """FusedBatchNorm on a non-empty x: (y, batch_mean, batch_variance, saved mean,
-    saved variance)."""
-    run = forward_runner(x.shape, x.dtype, eps, factor, channel_last, is_training)
-    return run(x, scale, offset, mean, variance)
-
-
 def forward_runner(shape: tuple[int, ...], dtype: np.dtype, eps: float, factor: float,
                  channel_last: bool, is_training: bool) -> Callable[..., tuple]:
-    """:func:`forward` on inputs of x's ``shape`` and ``dtype`` (non-empty), its layout,
-    kernels and launches worked out once: ``run(x, scale, offset, mean, variance)``
-    (an op's signature cache keeps it)."""
+    """FusedBatchNorm on a non-empty x of ``shape`` and ``dtype``, its layout, kernels and
+    launches worked out once (an op's signature cache keeps it): ``run(x, scale, offset,
+    mean, variance)`` (float32 vectors) -> (y, batch_mean, batch_variance, saved mean,
+    saved variance)."""
     N, C, S = _layout_of(shape, channel_last)
     R = N * S
     size = R * C
@@ -166,19 +158,12 @@ def grad_plan(x: np.ndarray, channel_last: bool) -> tuple[int, bool, bool] | Non
     return plan
 
 
-def grad(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, var: np.ndarray,
-         eps: float, channel_last: bool, is_training: bool,
-         plan: tuple[int, bool, bool]) -> tuple[np.ndarray, ...]:
-    """FusedBatchNormGrad on a non-empty x: (x_backprop, scale_backprop, offset_backprop),
-    the sums split as ``plan`` (``grad_plan``) says."""
-    run = grad_runner(x.shape, x.dtype, eps, channel_last, is_training)
-    return run(dy, x, scale, mean, var, plan)
-
-
 def grad_runner(shape: tuple[int, ...], dtype: np.dtype, eps: float, channel_last: bool,
                 is_training: bool) -> Callable[..., tuple]:
-    """:func:`grad` on inputs of x's ``shape`` and ``dtype`` (non-empty), its layout,
-    kernels and launches worked out once: ``run(dy, x, scale, mean, var, plan)``."""
+    """FusedBatchNormGrad on a non-empty x of ``shape`` and ``dtype``, its layout, kernels
+    and launches worked out once: ``run(dy, x, scale, mean, var, plan)`` (float32
+    vectors) -> (x_backprop, scale_backprop, offset_backprop), the sums split as ``plan``
+    (:func:`grad_plan`) says."""
     N, C, S = _layout_of(shape, channel_last)
     R = N * S
     size = R * C

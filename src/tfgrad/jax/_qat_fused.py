@@ -14,6 +14,7 @@ import numpy as np
 from ..dispatch.minmax import batch_range
 from ..qat import Node, Plan, Quantizer, _exec
 from . import _choice, _exact
+from ._primitives import _no_gradient
 
 
 def range_attrs(node: Node, q: Quantizer) -> tuple[str, str]:
@@ -56,14 +57,12 @@ def _first_order(host: Any, specs: list, *operands: Any) -> Any:
         return jax.pure_callback(host, specs, *ops, vmap_method="sequential")
 
     @call.defjvp
-    def _(primals: tuple, tangents: tuple) -> Any:
-        raise LookupError(
-            "tfgrad.jax.qat: a second derivative of a QAT model does not exist in TF 2.21 "
-            "(its gradient ops, FakeQuantWithMinMaxVarsGradient and others, have no "
-            "gradient: 'No gradient defined for operation'); differentiate the training "
-            "step once")
+    def _(primals: tuple, tangents: tuple) -> Any:  # (the op-by-op path's error)
+        raise _no_gradient("FakeQuantWithMinMaxVarsGradient")
 
     return call(*operands)
+
+
 TOKEN = jax.ShapeDtypeStruct((1,), np.int32)
 
 

@@ -213,64 +213,24 @@ _GRAD_ARGS = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", 
 
 def prepare(op: str, args: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
     """``check``, then the rest of the op as a function of the arguments (``tfgrad._api``
-    keeps it per signature: the kernels' layout and launches are worked out here, once)."""
+    keeps it per signature, with the kernels' runner for x's shape, worked out once)."""
     check(op, args)
     eps, fmt, training = args["epsilon"], args["data_format"], args["is_training"]
     x = args["x"]
     channel_last = _CHANNEL_LAST[fmt]
     if "Grad" in op:
-        if x.size == 0:
-            return lambda a: _grad_checked(a["y_backprop"], a["x"], a["scale"],
-                                           a["reserve_space_1"], a["reserve_space_2"], eps,
-                                           fmt, training)
-        return _grad_rest(x.shape, x.dtype, eps, fmt, training)
+        run = (_dispatch().grad_runner(x.shape, x.dtype, eps, channel_last, training)
+               if x.size else None)
+        plans: dict[int, Any] = {}  # (TF's split of the sums, per TF thread count)
+        return lambda a: _grad_checked(a["y_backprop"], a["x"], a["scale"],
+                                       a["reserve_space_1"], a["reserve_space_2"], eps, fmt,
+                                       training, run, plans)
     version = 3 if op.endswith("V3") else 2 if op.endswith("V2") else 1
     factor = args["exponential_avg_factor"]
-    if x.size == 0:
-        return lambda a: _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
-                                          a["variance"], eps, factor, fmt, training)
-    run = _dispatch().forward_runner(x.shape, x.dtype, eps, factor, channel_last, training)
-    v3 = version == 3
-
-    def forward(a: dict[str, Any]) -> tuple[np.ndarray, ...]:
-        if _config.use_reference():
-            return _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
-                                    a["variance"], eps, factor, fmt, training)
-        with flush_denormals(), np.errstate(all="ignore"):  # inf and NaN are results
-            y, bm, bv, sm, sv = run(a["x"], a["scale"].astype(_F32, copy=False),
-                                    a["offset"].astype(_F32, copy=False),
-                                    a["mean"].astype(_F32, copy=False),
-                                    a["variance"].astype(_F32, copy=False))
-        out = (y, bm.copy(), bv.copy(), sm.copy(), sv.copy())
-        return out + (np.zeros((), _F32),) if v3 else out
-
-    return forward
-
-
-def _grad_rest(shape: tuple[int, ...], dtype: np.dtype, eps: float, fmt: str,
-               training: bool) -> Callable[[dict[str, Any]], Any]:
-    """A non-empty gradient's rest (see ``prepare``): TF's thread split of its sums kept
-    per TF thread count."""
-    channel_last = _CHANNEL_LAST[fmt]
-    run = _dispatch().grad_runner(shape, dtype, eps, channel_last, training)
-    plans: dict[int, Any] = {}
-    empty = np.zeros(0, _F32)
-
-    def grad(a: dict[str, Any]) -> tuple[np.ndarray, ...]:
-        threads = _config.tf_intra_op_threads()
-        plan = plans.get(threads, _NO_PLAN)
-        if plan is _NO_PLAN:
-            plan = plans[threads] = _dispatch().grad_plan(a["x"], channel_last)
-        if plan is None or _config.use_reference():
-            return _grad_checked(a["y_backprop"], a["x"], a["scale"], a["reserve_space_1"],
-                                 a["reserve_space_2"], eps, fmt, training)
-        with flush_denormals(), np.errstate(all="ignore"):
-            dx, sb, ob = run(a["y_backprop"], a["x"], a["scale"].astype(_F32, copy=False),
-                             a["reserve_space_1"].astype(_F32, copy=False),
-                             a["reserve_space_2"].astype(_F32, copy=False), plan)
-        return dx, sb, ob, empty.copy(), empty.copy()
-
-    return grad
+    run = (_dispatch().forward_runner(x.shape, x.dtype, eps, factor, channel_last, training)
+           if x.size else None)
+    return lambda a: _forward_checked(version, a["x"], a["scale"], a["offset"], a["mean"],
+                                      a["variance"], eps, factor, fmt, training, run)
 
 
 _NO_PLAN = object()
@@ -298,8 +258,9 @@ def _check_forward(op: str, x: np.ndarray, scale: np.ndarray, offset: np.ndarray
 
 def _forward_checked(version: int, x: np.ndarray, scale: np.ndarray, offset: np.ndarray,
                      mean: np.ndarray, variance: np.ndarray, epsilon: float,
-                     exponential_avg_factor: float, data_format: str,
-                     is_training: bool) -> tuple[np.ndarray, ...]:
+                     exponential_avg_factor: float, data_format: str, is_training: bool,
+                     run: Callable[..., tuple] | None) -> tuple[np.ndarray, ...]:
+    """``run``: the dispatch's runner for x's shape (``prepare``; None for an empty x)."""
     channel_last = _CHANNEL_LAST[data_format]
     c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)
@@ -319,8 +280,8 @@ def _forward_checked(version: int, x: np.ndarray, scale: np.ndarray, offset: np.
                                                    epsilon, exponential_avg_factor,
                                                    channel_last, is_training)
         else:
-            y, bm, bv, sm, sv = _dispatch().forward(x, scale, offset, mean, variance, epsilon,
-                                          exponential_avg_factor, channel_last, is_training)
+            assert run is not None
+            y, bm, bv, sm, sv = run(x, scale, offset, mean, variance)
     return (y, bm.copy(), bv.copy(), sm.copy(), sv.copy()) + extra
 
 
@@ -374,7 +335,10 @@ def _check_grad(op: str, y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarra
 
 def _grad_checked(y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
                   reserve_space_1: np.ndarray, reserve_space_2: np.ndarray, epsilon: float,
-                  data_format: str, is_training: bool) -> tuple[np.ndarray, ...]:
+                  data_format: str, is_training: bool, run: Callable[..., tuple] | None,
+                  plans: dict[int, Any]) -> tuple[np.ndarray, ...]:
+    """``run``: the dispatch's runner for x's shape (``prepare``; None for an empty x);
+    ``plans``: TF's split of the sums by TF thread count, filled as they are needed."""
     channel_last = _CHANNEL_LAST[data_format]
     c = _channels(x, channel_last)
     scale = scale.astype(_F32, copy=False)
@@ -386,15 +350,17 @@ def _grad_checked(y_backprop: np.ndarray, x: np.ndarray, scale: np.ndarray,
 
     plan = None
     if not _config.use_reference():
-        D = _dispatch()
-        plan = D.grad_plan(x, channel_last)
+        threads = _config.tf_intra_op_threads()
+        plan = plans.get(threads, _NO_PLAN)
+        if plan is _NO_PLAN:
+            plan = plans[threads] = _dispatch().grad_plan(x, channel_last)
     if plan is None:  # the reference, or a split the kernels do not reproduce
         dx, sb, ob = _reference_grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
                                      is_training)
     else:
+        assert run is not None
         with flush_denormals(), np.errstate(all="ignore"):
-            dx, sb, ob = D.grad(y_backprop, x, scale, mean, var, epsilon, channel_last,
-                                is_training, plan)
+            dx, sb, ob = run(y_backprop, x, scale, mean, var, plan)
     return (dx, sb, ob) + empty
 
 

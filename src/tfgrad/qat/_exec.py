@@ -253,6 +253,12 @@ def _op(name: str, args: dict[str, Any]) -> Any:
     return _api.run(OPS[name], args)
 
 
+def _replayed(name: str, entry: tuple | None, args: dict[str, Any]) -> Any:
+    """A call noted on an earlier run of the same signature: on its signature-cache entry,
+    or the plain call where the cache kept none."""
+    return _op(name, args) if entry is None else _api.run_cached(name, entry, args)
+
+
 _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)
 
 
@@ -334,8 +340,7 @@ class _Ops:
             k = self.k
             self.k = k + 1
             if k < len(r) and r[k][0] == name:
-                entry = r[k][1]
-                return _op(name, args) if entry is None else _api.run_cached(name, entry, args)
+                return _replayed(name, r[k][1], args)
             self.replay = None
         op = OPS[name]
         key = _api.signature(op, args)
@@ -576,12 +581,12 @@ class Program:
         values, arrays = run.values, state.arrays
         for step in steps:
             kind = step[0]
-            if kind == _OP:  # (as _Ops.call replays a call)
+            if kind == _OP:
                 _, name, entry, ins, full = step
                 args = dict(full)
                 for k, s in ins.items():
                     args[k] = values[s]
-                res = _op(name, args) if entry is None else _api.run_cached(name, entry, args)
+                res = _replayed(name, entry, args)
                 if type(res) is tuple:
                     values.extend(res)
                 else:
