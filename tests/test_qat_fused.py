@@ -398,6 +398,71 @@ def test_state_part_of_the_signature(saved: dict) -> None:
     assert len(program._traces) == 3
 
 
+def test_the_walk_kept_between_steps_follows_the_module(saved: dict) -> None:
+    """The fused forward keeps its walk over the layers (the state's arrays on the tensors'
+    memory, the trainable parameters) from step to step while nothing changed, and walks
+    again when something did: a quantizer put in eval mode, a parameter frozen, one
+    replaced, a layer's weights loaded in place (kept), a hook added (layer by layer). The
+    bits stay the layer-by-layer path's throughout."""
+    path = saved["depthwise_chain"]
+    xs, cs = models.batches(models.load_tf(path), 6, 4)
+    fused, layered = tq.load_keras(path).train(), tq.load_keras(path).train()
+    layered.fused = False
+
+    def step(k: int) -> None:
+        got = []
+        for m in (fused, layered):
+            y = m(torch.from_numpy(xs[k]))
+            (y * torch.from_numpy(cs[k])).sum().backward()
+            got.append([y.detach().numpy().copy(),
+                        *(None if p.grad is None else p.grad.numpy().copy()
+                          for p in m.parameters()),
+                        *(v.numpy().copy() for v in m.state_dict().values())])
+            for p in m.parameters():
+                p.grad = None
+        for s, t in zip(*got):
+            assert (s is None) == (t is None)
+            if s is not None:
+                assert np.array_equal(_bits(s), _bits(t))
+
+    def layer(m: torch.nn.Module, attr: str) -> torch.nn.Module:  # (Keras' names vary)
+        return next(v for k, v in m.layers.items() if k != "quantize_layer"
+                    and (attr in v._parameters or getattr(v, attr, None) is not None))
+
+    step(0)
+    bound = fused._bound
+    assert bound is not None
+    step(1)
+    assert fused._bound is bound  # (nothing changed: kept)
+    for m in (fused, layered):  # a quantizer in eval mode: its range stays
+        layer(m, "output").output.eval()
+    step(2)
+    assert fused._bound is not bound
+    bound = fused._bound
+    for m in (fused, layered):  # a frozen kernel: no gradient for it
+        layer(m, "depthwise_kernel").depthwise_kernel.requires_grad_(False)
+    step(3)
+    assert fused._bound is not bound
+    assert layer(fused, "depthwise_kernel").depthwise_kernel.grad is None
+    bound = fused._bound
+    for m in (fused, layered):  # a parameter replaced by a new one
+        dense = layer(m, "kernel")
+        dense.kernel = torch.nn.Parameter(dense.kernel.detach() * 0.5)
+    step(4)
+    assert fused._bound is not bound
+    bound = fused._bound
+    with torch.no_grad():  # weights loaded in place: the same memory, kept
+        fused.load_state_dict(layered.state_dict())
+    step(4)
+    assert fused._bound is bound
+    seen = []
+    add = next(v for k, v in fused.layers.items() if "add" in k)
+    handle = add.register_forward_hook(lambda *a: seen.append(1))
+    step(5)
+    assert seen == [1]
+    handle.remove()
+
+
 def test_a_stepped_model_pickles(saved: dict) -> None:
     """torch.save / pickle of a model after training steps (the program's replay traces
     hold closures: left out), and the copy steps on with the original's bits."""

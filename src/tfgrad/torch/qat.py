@@ -450,6 +450,7 @@ class KerasModel(nn.Module):
         self._quantizers = self._quantizer_table()
         self._layout: tuple[list, list] | None = None
         self._layout_keys()  # (now: torch.compile's tracing only reads it)
+        self._bound: _fz.Bound | None = None
         _fz.MODELS[id(self)] = self
 
     def _quantizer_table(self) -> dict[str, list[tuple[Any, str, tuple, tuple]]]:
@@ -463,11 +464,17 @@ class KerasModel(nn.Module):
                 if q is not None]
             for (name, key, _), layer in zip(self._walk, self.layers.values())}
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_bound"], state["_views"] = None, {}  # (caches of this process's memory)
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._quantizers = self._quantizer_table()  # (derived: whatever a pickle held)
         self._output_shapes = [self.plan.node(name).output_shape for name in self.plan.outputs]
         self._layout = None
+        self._bound = None
         self._layout_keys()
         _fz.MODELS[id(self)] = self
 
@@ -517,47 +524,14 @@ class KerasModel(nn.Module):
             return None
         if _fz.global_hooks():
             return None
-        arrays: dict[tuple[str, str], np.ndarray] = {}
-        trainable: dict[tuple[str, str], bool] = {}
-        training: dict[str, bool] = {}
-        params: list[torch.Tensor] = []
-        keys: list[tuple[str, str]] = []
-        view = self._view
-        for name, key, _ in self._walk:
-            layer = self.layers[key]
-            if _fz.hooked(layer):
+        bound = self._bound
+        if bound is None or not bound.holds():
+            bound = self._bound = self._bind()
+            if bound is None:
                 return None
-            training[name] = layer.training
-            for attr, p in layer._parameters.items():
-                a = view(p)
-                if a is None:
-                    return None
-                arrays[name, attr] = a
-                if p.requires_grad:
-                    trainable[name, attr] = True
-                    params.append(p)
-                    keys.append((name, attr))
-            for attr, t in layer._buffers.items():
-                if attr != "optimizer_step":
-                    a = view(t)
-                    if a is None:
-                        return None
-                    arrays[name, attr] = a
-            for q, flag, kmin, kmax in self._quantizers[key]:
-                if _fz.hooked(q):
-                    return None
-                training[flag] = q.training
-                buffers = q._buffers  # (min and max: buffers, read without nn.Module's lookup)
-                lo, hi = view(buffers.get("min")), view(buffers.get("max"))
-                if lo is None or hi is None:
-                    return None
-                arrays[kmin] = lo
-                arrays[kmax] = hi
         program = self._program
         assert program is not None
-        if not program.runs(training):
-            return None
-        state = _exec.State(arrays, trainable, training)
+        state, params, keys = bound.state, bound.params, bound.keys
         grad = torch.is_grad_enabled() and (bool(params) or any(x.requires_grad for x in inputs))
         xs = [x.detach().numpy() for x in inputs]
         need = [x.requires_grad for x in inputs]
@@ -571,6 +545,70 @@ class KerasModel(nn.Module):
         if not grad:
             return tuple(run(None)[0])
         return _fz._Fused.apply(run, len(inputs), *inputs, *params)
+
+    def _bind(self) -> _fz.Bound | None:
+        """The walk over the layers for :meth:`_fused`: the program's state on the
+        tensors' memory, the trainable parameters; None where the model must run layer by
+        layer (hooks on a layer, a tensor that is not CPU float32, dropout while
+        training)."""
+        arrays: dict[tuple[str, str], np.ndarray] = {}
+        trainable: dict[tuple[str, str], bool] = {}
+        training: dict[str, bool] = {}
+        params: list[torch.Tensor] = []
+        keys: list[tuple[str, str]] = []
+        modules: list[tuple[nn.Module, bool]] = []
+        tensors: list[tuple[dict, str, torch.Tensor, int, tuple, tuple, bool]] = []
+        view = self._view
+
+        def held(owner: dict, attr: str, t: torch.Tensor | None) -> np.ndarray | None:
+            a = view(t)
+            if a is not None:
+                assert t is not None
+                tensors.append((owner, attr, t, t.data_ptr(), a.shape, t.stride(),
+                                t.requires_grad))
+            return a
+
+        for name, key, _ in self._walk:
+            layer = self.layers[key]
+            if _fz.hooked(layer):
+                return None
+            training[name] = layer.training
+            modules.append((layer, layer.training))
+            for attr, p in layer._parameters.items():
+                a = held(layer._parameters, attr, p)
+                if a is None:
+                    return None
+                arrays[name, attr] = a
+                if p.requires_grad:
+                    trainable[name, attr] = True
+                    params.append(p)
+                    keys.append((name, attr))
+            for attr, t in layer._buffers.items():
+                if attr != "optimizer_step":
+                    a = held(layer._buffers, attr, t)
+                    if a is None:
+                        return None
+                    arrays[name, attr] = a
+            for q, flag, kmin, kmax in self._quantizers[key]:
+                if _fz.hooked(q):
+                    return None
+                training[flag] = q.training
+                modules.append((q, q.training))
+                buffers = q._buffers  # (min and max: buffers, read without nn.Module's lookup)
+                lo = held(buffers, "min", buffers.get("min"))
+                hi = held(buffers, "max", buffers.get("max"))
+                if lo is None or hi is None:
+                    return None
+                arrays[kmin] = lo
+                arrays[kmax] = hi
+        program = self._program
+        assert program is not None
+        if not program.runs(training):
+            return None
+        layers = self.layers._modules
+        walk = [(layers, key, layers[key]) for _, key, _ in self._walk]
+        return _fz.Bound(_exec.State(arrays, trainable, training), params, keys, modules,
+                      tensors, walk)
 
     def _layout_keys(self) -> tuple[list, list]:
         """The program's keys of the parameters and of the state (buffers, ranges) in the
