@@ -191,6 +191,15 @@ def run_cached(name: str, entry: tuple, arguments: dict[str, Any]) -> Any:
         raise ResourceLimitError(f"{name}: out of memory ({e})") from None
 
 
+def run_rest(name: str, rest: Callable[[dict[str, Any]], Any], kwargs: dict[str, Any]) -> Any:
+    """A cache entry's rest (:func:`cached`) on every argument it takes, fixed and passed
+    (a caller that keeps the entry's fixed arguments with its own: tfgrad.qat's replay)."""
+    try:
+        return rest(kwargs)
+    except MemoryError as e:
+        raise ResourceLimitError(f"{name}: out of memory ({e})") from None
+
+
 def _call(entry: tuple, arguments: dict[str, Any]) -> Any:
     """A cache entry's rest on the call's arguments (its fixed ones, and those passed)."""
     rest, fixed, passed = entry

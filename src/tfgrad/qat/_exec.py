@@ -259,6 +259,26 @@ def _replayed(name: str, entry: tuple | None, args: dict[str, Any]) -> Any:
     return _op(name, args) if entry is None else _api.run_cached(name, entry, args)
 
 
+def _bound(entry: tuple | None, ins: dict[str, int], full: dict[str, Any]
+           ) -> tuple[Callable, dict[str, Any], tuple[tuple[str, int], ...]] | None:
+    """A script's op call on its signature-cache entry, worked out once: the entry's rest,
+    its arguments but those passed per call (its fixed ones, and the script's constants
+    among those passed), and the (argument, slot) pairs passed; None without an entry."""
+    if entry is None:
+        return None
+    rest, fixed, passed = entry
+    args = dict(fixed)
+    pairs = []
+    for n in passed:
+        if n in ins:
+            pairs.append((n, ins[n]))
+        elif n in full:
+            args[n] = full[n]
+        else:
+            return None
+    return rest, args, tuple(pairs)
+
+
 _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)
 
 
@@ -442,7 +462,8 @@ class _Run:
         res = self.ops.call(name, args)
         if self.script is not None:  # (the call's signature-cache entry, as _Ops notes it)
             trace = self.ops.trace
-            self.script.append((_OP, name, trace[-1][1] if trace else None, ins, full))
+            entry = trace[-1][1] if trace else None
+            self.script.append((_OP, name, entry, ins, full, _bound(entry, ins, full)))
         return self._record(name, ins, full, res if isinstance(res, tuple) else (res,))
 
     def op1(self, name: str, ins: dict[str, int], **attrs: Any) -> int:
@@ -582,11 +603,18 @@ class Program:
         for step in steps:
             kind = step[0]
             if kind == _OP:
-                _, name, entry, ins, full = step
-                args = dict(full)
-                for k, s in ins.items():
-                    args[k] = values[s]
-                res = _replayed(name, entry, args)
+                _, name, entry, ins, full, bound = step
+                if bound is not None:  # (the entry's arguments, but for the slots' values)
+                    rest, args, pairs = bound
+                    args = dict(args)
+                    for k, s in pairs:
+                        args[k] = values[s]
+                    res = _api.run_rest(name, rest, args)
+                else:
+                    args = dict(full)
+                    for k, s in ins.items():
+                        args[k] = values[s]
+                    res = _replayed(name, entry, args)
                 if type(res) is tuple:
                     values.extend(res)
                 else:
