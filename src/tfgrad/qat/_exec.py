@@ -497,6 +497,11 @@ class State:
     """Which arrays want gradients (their slots are leaves of the tape)."""
     training: Mapping[str, bool]
     """Per layer (Keras' training flag); quantizers under ``<layer>/<where>``."""
+    layout: Mapping[tuple[str, str], np.ndarray] | None = None
+    """Arrays whose types, dtypes, shapes and strides stand for ``arrays``' in the
+    forward's signature, where the caller has them as the same objects call after call
+    and passes fresh copies of them as ``arrays`` (see :meth:`Program._arrays_signature`);
+    None: ``arrays`` themselves."""
 
 
 class Program:
@@ -555,7 +560,8 @@ class Program:
         and the outputs' slots (last)."""
         sig = _Sig((grad, tuple(bool(n) for n in inputs_need_grad),
                     tuple((type(x), x.dtype, x.shape, x.strides) for x in inputs),
-                    self._arrays_signature(state.arrays),
+                    self._arrays_signature(state.arrays if state.layout is None
+                                           else state.layout),
                     tuple(state.trainable.items()), tuple(state.training.items())))
         script = getattr(self, "_scripts", {}).get(sig)  # (pickled before it had them)
         if script is not None and not max_bytes_set():

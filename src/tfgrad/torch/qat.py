@@ -669,26 +669,35 @@ class KerasModel(nn.Module):
         copied: the program updates it in place), with the layers' training flags now."""
         pkeys, skeys = self._layout_keys()
         arrays: dict[tuple[str, str], np.ndarray] = {}
+        # (the program's signature from the tensors' own views, the same objects call
+        # after call as the graph passes the same tensors: the state's fresh copies are
+        # C-contiguous copies of them, whose layout follows from theirs)
+        layout: dict[tuple[str, str], np.ndarray] = {}
         trainable: dict[tuple[str, str], bool] = {}
+        view = self._view
         for (k, _, _), t, wanted in zip(pkeys, params, need[len(xs):]):
-            arrays[k] = t.detach().numpy()
+            a = view(t)
+            arrays[k] = layout[k] = t.detach().numpy() if a is None else a
             if wanted:
                 trainable[k] = True
         fresh = []
         for (k, _, _), t in zip(skeys, state):
-            arrays[k] = a = t.detach().numpy().copy()
+            v = view(t)
+            layout[k] = v = t.detach().numpy() if v is None else v
+            arrays[k] = a = v.copy()
             fresh.append(a)
         training: dict[str, bool] = {}
+        layers = self.layers._modules
         for name, key, _ in self._walk:
-            training[name] = self.layers[key].training
+            training[name] = layers[key].training
             for q, flag, _, _ in self._quantizers[key]:
                 training[flag] = q.training
         program = self._program
         assert program is not None
         xa = [x.detach().numpy() for x in xs]
         outs, tape, leaves, slots = program.forward(
-            xa, _exec.State(arrays, trainable, training), grad, need[:len(xs)], batch_range,
-            _replica_mean_np if _distributed() else None)
+            xa, _exec.State(arrays, trainable, training, layout), grad, need[:len(xs)],
+            batch_range, _replica_mean_np if _distributed() else None)
         token = _fz.token((tape, slots, [leaves.get(k) for k, _, _ in pkeys]) if grad else None)
         return [*_fz.as_tensors(outs, xa), token, *(torch.from_numpy(a) for a in fresh)]
 
