@@ -407,8 +407,9 @@ def test_the_walk_kept_between_steps_follows_the_module(saved: dict) -> None:
     """The fused forward keeps its walk over the layers (the state's arrays on the tensors'
     memory, the trainable parameters) from step to step while nothing changed, and walks
     again when something did: a quantizer put in eval mode, a parameter frozen, one
-    replaced, a layer's weights loaded in place (kept), a hook added (layer by layer). The
-    bits stay the layer-by-layer path's throughout."""
+    replaced, a layer's weights loaded in place (kept), a hook added (layer by layer), a
+    range's memory given another dtype. The bits stay the layer-by-layer path's
+    throughout."""
     path = saved["depthwise_chain"]
     xs, cs = models.batches(models.load_tf(path), 6, 4)
     fused, layered = tq.load_keras(path).train(), tq.load_keras(path).train()
@@ -466,6 +467,11 @@ def test_the_walk_kept_between_steps_follows_the_module(saved: dict) -> None:
     step(5)
     assert seen == [1]
     handle.remove()
+    step(5)
+    assert fused._bound is not None and fused._bound.holds()
+    lo = layer(fused, "output").output.min  # (a range: a buffer)
+    lo.data = lo.data.view(torch.int32)  # (the same memory, another dtype)
+    assert not fused._bound.holds()
 
 
 def test_a_stepped_model_pickles(saved: dict) -> None:

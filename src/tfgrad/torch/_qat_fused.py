@@ -76,7 +76,7 @@ class _Fused(torch.autograd.Function):
 class Bound:
     """``KerasModel._bind``'s walk, kept for the next fused forwards while
     :meth:`holds`: every layer and quantizer is the same module, with the same training
-    flag and no hooks, and every tensor the same object on the same memory, shape,
+    flag and no hooks, and every tensor the same object on the same memory, dtype, shape,
     strides and ``requires_grad`` (an optimizer's in-place updates keep all of them;
     ``.to()``, ``.data =``, ``requires_grad_``, ``train()`` or a replaced parameter do
     not). The program reads the same :class:`~tfgrad.qat._exec.State` then."""
@@ -85,7 +85,8 @@ class Bound:
 
     def __init__(self, state: _exec.State, params: list[torch.Tensor],
                  keys: list[tuple[str, str]], modules: list[tuple[nn.Module, bool]],
-                 tensors: list[tuple[dict, str, torch.Tensor, int, tuple, tuple, bool]],
+                 tensors: list[tuple[dict, str, torch.Tensor, int, Any, tuple, tuple,
+                                     bool]],
                  walk: list[tuple[dict, str, nn.Module]]) -> None:
         self.state, self.params, self.keys = state, params, keys
         self.modules, self.tensors, self.walk = modules, tensors, walk
@@ -98,9 +99,9 @@ class Bound:
             if (m.training is not training or m._forward_hooks or m._forward_pre_hooks
                     or m._backward_hooks or m._backward_pre_hooks):
                 return False
-        for owner, attr, t, ptr, shape, stride, rg in self.tensors:
-            if (owner.get(attr) is not t or t.data_ptr() != ptr or t.shape != shape
-                    or t.stride() != stride or t.requires_grad is not rg):
+        for owner, attr, t, ptr, dtype, shape, stride, rg in self.tensors:
+            if (owner.get(attr) is not t or t.data_ptr() != ptr or t.dtype is not dtype
+                    or t.shape != shape or t.stride() != stride or t.requires_grad is not rg):
                 return False
         return True
 

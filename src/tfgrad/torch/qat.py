@@ -557,14 +557,14 @@ class KerasModel(nn.Module):
         params: list[torch.Tensor] = []
         keys: list[tuple[str, str]] = []
         modules: list[tuple[nn.Module, bool]] = []
-        tensors: list[tuple[dict, str, torch.Tensor, int, tuple, tuple, bool]] = []
+        tensors: list[tuple[dict, str, torch.Tensor, int, Any, tuple, tuple, bool]] = []
         view = self._view
 
         def held(owner: dict, attr: str, t: torch.Tensor | None) -> np.ndarray | None:
             a = view(t)
             if a is not None:
                 assert t is not None
-                tensors.append((owner, attr, t, t.data_ptr(), a.shape, t.stride(),
+                tensors.append((owner, attr, t, t.data_ptr(), t.dtype, a.shape, t.stride(),
                                 t.requires_grad))
             return a
 
