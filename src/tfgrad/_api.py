@@ -185,28 +185,42 @@ def cached(key: tuple | None) -> tuple | None:
 def run_cached(name: str, entry: tuple, arguments: dict[str, Any]) -> Any:
     """Run op ``name``'s cached entry (:func:`cached`) on a call of its signature, as
     :func:`run` would find and run it; the caller vouches for the signature."""
-    try:
-        return _call(entry, arguments)
-    except MemoryError as e:
-        raise ResourceLimitError(f"{name}: out of memory ({e})") from None
+    return run_rest(name, entry[0], _kwargs(entry, arguments))
+
+
+def split_entry(entry: tuple, constants: dict[str, Any]
+                ) -> tuple[Callable[[dict[str, Any]], Any], dict[str, Any], tuple[str, ...]]:
+    """A cached entry (:func:`cached`) for a caller that keeps it and passes the same
+    constants call after call (tfgrad.qat's replay): its rest, its fixed arguments with
+    those of ``constants`` it takes per call, and the names of the others, which the
+    caller adds each call before :func:`run_rest`."""
+    rest, fixed, passed = entry
+    kwargs = dict(fixed)
+    names = []
+    for n in passed:
+        if n in constants:
+            kwargs[n] = constants[n]
+        else:
+            names.append(n)
+    return rest, kwargs, tuple(names)
 
 
 def run_rest(name: str, rest: Callable[[dict[str, Any]], Any], kwargs: dict[str, Any]) -> Any:
-    """A cache entry's rest (:func:`cached`) on every argument it takes, fixed and passed
-    (a caller that keeps the entry's fixed arguments with its own: tfgrad.qat's replay)."""
+    """A cache entry's rest on every argument it takes, fixed and passed (:func:`run_cached`,
+    or a caller of :func:`split_entry`)."""
     try:
         return rest(kwargs)
     except MemoryError as e:
         raise ResourceLimitError(f"{name}: out of memory ({e})") from None
 
 
-def _call(entry: tuple, arguments: dict[str, Any]) -> Any:
-    """A cache entry's rest on the call's arguments (its fixed ones, and those passed)."""
-    rest, fixed, passed = entry
+def _kwargs(entry: tuple, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A cache entry's arguments for a call: its fixed ones, and those the call passes."""
+    _, fixed, passed = entry
     kwargs = dict(fixed)
     for n in passed:
         kwargs[n] = arguments[n]
-    return rest(kwargs)
+    return kwargs
 
 
 def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
@@ -217,7 +231,7 @@ def _run(op: OpDef, arguments: dict[str, Any], key: Any) -> Any:
     if key is not None:
         entry = _CACHE.get(key)
         if entry is not None:
-            return _call(entry, arguments)
+            return entry[0](_kwargs(entry, arguments))
     slow = _validate.slow_checks()
     kwargs = _validate.bind(op, arguments)
     rest = _prepare(op)(op.name, kwargs)

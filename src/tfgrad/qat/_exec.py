@@ -261,22 +261,16 @@ def _replayed(name: str, entry: tuple | None, args: dict[str, Any]) -> Any:
 
 def _bound(entry: tuple | None, ins: dict[str, int], full: dict[str, Any]
            ) -> tuple[Callable, dict[str, Any], tuple[tuple[str, int], ...]] | None:
-    """A script's op call on its signature-cache entry, worked out once: the entry's rest,
-    its arguments but those passed per call (its fixed ones, and the script's constants
-    among those passed), and the (argument, slot) pairs passed; None without an entry."""
+    """A script's op call on its signature-cache entry, worked out once
+    (:func:`tfgrad._api.split_entry`, the script's attrs as its constants): the entry's
+    rest, its arguments but the slots' values, and the (argument, slot) pairs those come
+    from; None without an entry."""
     if entry is None:
         return None
-    rest, fixed, passed = entry
-    args = dict(fixed)
-    pairs = []
-    for n in passed:
-        if n in ins:
-            pairs.append((n, ins[n]))
-        elif n in full:
-            args[n] = full[n]
-        else:
-            return None
-    return rest, args, tuple(pairs)
+    rest, args, names = _api.split_entry(entry, full)
+    if any(n not in ins for n in names):
+        return None
+    return rest, args, tuple((n, ins[n]) for n in names)
 
 
 _TRACES = 8  # signatures kept per program (forwards) and per forward (backwards)

@@ -96,8 +96,7 @@ class Bound:
             if owner.get(key) is not module:
                 return False
         for m, training in self.modules:
-            if (m.training is not training or m._forward_hooks or m._forward_pre_hooks
-                    or m._backward_hooks or m._backward_pre_hooks):
+            if m.training is not training or hooked(m):
                 return False
         for owner, attr, t, ptr, dtype, shape, stride, rg in self.tensors:
             if (owner.get(attr) is not t or t.data_ptr() != ptr or t.dtype is not dtype
