@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import tfgrad
 from tests.test_determinism import all_calls, outputs
@@ -190,3 +191,42 @@ def test_bad_wake_setting_is_a_clear_error():
         got = _wake_in_subprocess(bad)
         assert got.returncode != 0
         assert "TFGRAD_WAKE_US must be" in got.stderr and repr(bad) in got.stderr, got.stderr
+
+
+def _omp_display(code: str, **env_values: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NUMBA_NUM_THREADS="2", OMP_DISPLAY_ENV="VERBOSE", **env_values)
+    if "OMP_WAIT_POLICY" not in env_values:
+        env.pop("OMP_WAIT_POLICY", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+_LAUNCH = ("import os, tfgrad\nfrom tfgrad import _compile\n"
+           "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+           "_compile.start_workers()\n"
+           "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+
+
+def test_numbas_runtime_waits_passively_and_the_environment_stays():
+    """Numba's OpenMP runtime loads with a passive wait (its threads spinning between
+    regions slowed a busy machine 25x), and the environment is left as it was: a child
+    process, or a torch imported later, keeps OpenMP's own default. A user's setting wins."""
+    got = _omp_display(_LAUNCH)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["None", "None"]
+    assert "GOMP_SPINCOUNT = '0'" in got.stderr, got.stderr  # (PASSIVE: no spinning)
+    got = _omp_display(_LAUNCH, OMP_WAIT_POLICY="ACTIVE")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["ACTIVE", "ACTIVE"]
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in got.stderr, got.stderr
+
+
+def test_a_torch_imported_after_tfgrad_keeps_its_own_wait():
+    pytest.importorskip("torch")
+    code = "import tfgrad\nimport torch\n" + _LAUNCH.replace("import os, tfgrad", "import os")
+    got = _omp_display(code)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["None", "None"]
+    # torch's runtime loads (and shows its settings) first, with OpenMP's default spin
+    first = got.stderr.split("OPENMP DISPLAY ENVIRONMENT END")[0]
+    assert "GOMP_SPINCOUNT = '" in first and "GOMP_SPINCOUNT = '0'" not in first, got.stderr

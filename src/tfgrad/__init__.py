@@ -11,21 +11,16 @@ Fake quantization (per tensor and per channel), fused batch normalization, depth
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-# Numba's OpenMP threads spin after each parallel region by default; on a busy machine that
-# turned 1 ms kernels into 25 ms ones. Passive waiting costs microseconds per region. Set
-# before Numba's OpenMP runtime loads (at the first kernel call); a user's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from . import _config, errors, raw_ops
+from . import _compile, _config, errors, raw_ops
 from ._api import make_function
 from ._config import use_impl
 from ._errors import InvalidArgumentError, ResourceLimitError
 from ._opdefs import OPS, OpDef, get_op_def
 
 _config.tune_malloc()
+_compile.wait_passively()
 
 __version__ = "0.1.0"
 

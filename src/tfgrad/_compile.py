@@ -24,10 +24,10 @@ choice: every kernel computes each output in the same order on any number of thr
 Each threshold holds at the cost of a parallel region it was measured with
 (``Threading.wake_us``): ~2 us where the team spins between regions (torch's OpenMP
 runtime keeps it so), ~45 us where it sleeps on this project's VM (``OMP_WAIT_POLICY=
-PASSIVE``, which ``import tfgrad`` sets: the host has to run a sleeping virtual CPU
-again). :func:`launch` scales a threshold by the cost it measures once, at the first
-kernel call, over that one (:func:`wake_us`): the work a region must carry grows with
-what waking the threads costs.
+PASSIVE``, which tfgrad gives Numba's runtime: :func:`wait_passively`; the host has
+to run a sleeping virtual CPU again). :func:`launch` scales a threshold by the cost it
+measures once, at the first kernel call, over that one (:func:`wake_us`): the work a
+region must carry grows with what waking the threads costs.
 """
 
 from __future__ import annotations
@@ -174,6 +174,40 @@ POLICY: dict[str, Threading] = {
     # </avg_pool>
 }
 """Each family's threading, by the family's name (``OpDef.family``)."""
+
+
+def wait_passively() -> None:
+    """Have the OpenMP runtime Numba loads with its threading layer wait passively between
+    parallel regions: ``OMP_WAIT_POLICY=PASSIVE`` in the environment while that layer loads
+    (the runtime reads it then), and the environment as it was straight after.
+
+    By default the runtime's threads spin after each region, and on a busy machine that
+    turned 1 ms kernels into 25 ms ones; waking a sleeping team costs microseconds. Only
+    that moment: left in the environment, the setting slowed a torch imported later (its
+    own runtime, two threads: 3.5 -> 7.8 ms a step of the example's plain net) and every
+    child process. A user's ``OMP_WAIT_POLICY`` wins; a runtime already loaded (torch's,
+    whose ``GOMP_parallel`` Numba's layer then calls) keeps its own policy."""
+    from numba.np.ufunc import parallel
+
+    launch = getattr(parallel, "_launch_threads", None)
+    if launch is None or getattr(parallel, "_is_initialized", True):
+        return
+
+    def launch_passively() -> None:
+        # every path into Numba's threads (a parallel kernel's first call, compile or
+        # cache load; numba.get_num_threads) looks this name up in the module when called
+        parallel._launch_threads = launch
+        if parallel._is_initialized or "OMP_WAIT_POLICY" in os.environ:
+            launch()
+            return
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            launch()
+        finally:
+            if os.environ.get("OMP_WAIT_POLICY") == "PASSIVE":
+                del os.environ["OMP_WAIT_POLICY"]
+
+    parallel._launch_threads = launch_passively
 
 
 _GET_NUM_THREADS: Callable[[], int] | None = None
