@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _compile, _config, errors, raw_ops
+from . import _config, errors, raw_ops
 from ._api import make_function
 from ._config import use_impl
 from ._errors import InvalidArgumentError, ResourceLimitError
 from ._opdefs import OPS, OpDef, get_op_def
 
 _config.tune_malloc()
-_compile.wait_passively()
 
 __version__ = "0.1.0"
 

@@ -210,6 +210,9 @@ def wait_passively() -> None:
     parallel._launch_threads = launch_passively
 
 
+wait_passively()  # (here: every kernel module imports this one, and import tfgrad no Numba)
+
+
 _GET_NUM_THREADS: Callable[[], int] | None = None
 
 
