@@ -75,12 +75,22 @@ def foreign(monkeypatch):
     return calls
 
 
+def _recorded() -> str:
+    """This processor's rsqrt signature where the fixtures hold its outputs, else one they
+    hold (the store's own logic is the same for any)."""
+    here, held = fixture_store.rsqrt_signature(), _fixture(GRAD).by_rsqrt[0]
+    return here if here in held else min(held)
+
+
 def test_recorded_processor_uses_its_stored_outputs(monkeypatch):
     # The control: on the processor the fixtures were recorded on, the stored
     # processor-dependent outputs are what is compared (one ulp off fails), TF not run.
+    if fixture_store.rsqrt_signature() not in _fixture(GRAD).by_rsqrt[0]:
+        pytest.skip(f"this processor's rsqrt ({fixture_store.rsqrt_signature()}) is not "
+                    "among the recorded ones (tools/make_fixtures.py batch_norm adds it); "
+                    "the foreign-processor tests below cover such a processor")
     calls = []
     monkeypatch.setattr(oracle, "expected", lambda *a: calls.append(a) or pytest.fail("ran TF"))
-    assert fixture_store.rsqrt_signature() in _fixture(GRAD).by_rsqrt[0]
     _check(GRAD)
     _corrupt(monkeypatch, GRAD, signed=True)
     with pytest.raises(AssertionError, match="x_backprop"):
@@ -144,7 +154,7 @@ def _packed(case_id: str, signature: str, bump: int = 0) -> dict[str, np.ndarray
     outs = []
     for i, o in enumerate(f.outputs):
         if o is None:
-            o = f.by_rsqrt[i][fixture_store.rsqrt_signature()]
+            o = f.by_rsqrt[i][_recorded()]
             for _ in range(bump):
                 o = _off_by_one_ulp(o)
         outs.append(o)
@@ -160,7 +170,7 @@ def _round_trip(tmp_path, data) -> dict[str, fixture_store.Fixture]:
 
 @pytest.mark.parametrize("case_id", [GRAD, FWD_BF16])
 def test_store_keeps_each_signature(tmp_path, case_id):
-    mine = fixture_store.rsqrt_signature()
+    mine = _recorded()
     old = _packed(case_id, FOREIGN, bump=1)
     merged, dropped = fixture_store.merge(old, _packed(case_id, mine))
     assert not dropped
@@ -182,7 +192,7 @@ def test_store_keeps_each_signature(tmp_path, case_id):
 
 
 def test_store_drops_other_signatures_when_the_case_changes():
-    mine = fixture_store.rsqrt_signature()
+    mine = _recorded()
     old = _packed(GRAD, FOREIGN, bump=1)
     # new inputs: the other processor's outputs no longer apply
     new = _packed(GRAD, mine)
