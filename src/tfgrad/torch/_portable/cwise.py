@@ -24,12 +24,14 @@ _FLOATS = ("float32", "float64", "float16", "bfloat16")
 BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "SquaredDifference": {"z": {dt: 0 for dt in _FLOATS}},
     "RsqrtGrad": {"z": {dt: 0 for dt in _FLOATS}},
-    "Rsqrt": {"y": {"float32": 2, "float64": 2, "float16": 1, "bfloat16": 1}},
+    "Rsqrt": {"y": {"float32": 4, "float64": 2, "float16": 1, "bfloat16": 1}},
 }
 NOTES: dict[str, str] = {
     "Rsqrt": "the exact 1 / sqrt where TF's packets take the processor's rsqrtps and a "
-    "Newton step: up to 2 ulps in float32, 1 in the half types (after rounding); float64 "
-    "(exact in TF): torch's CPU sqrt of float64 is not correctly rounded: 2 ulps.",
+    "Newton step: up to 4 ulps in float32 (2 on an AMD EPYC, 4 on an Intel Xeon with "
+    "AVX-512: the processors' approximations differ), 1 in the half types (after "
+    "rounding); float64 (exact in TF): torch's CPU sqrt of float64 is not correctly "
+    "rounded: 2 ulps.",
 }
 
 _PACKET = {torch.float32: 8, torch.float64: 4, torch.float16: 8, torch.bfloat16: 8}
