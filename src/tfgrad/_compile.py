@@ -181,12 +181,12 @@ def wait_passively() -> None:
     parallel regions: ``OMP_WAIT_POLICY=PASSIVE`` in the environment while that layer loads
     (the runtime reads it then), and the environment as it was straight after.
 
-    By default the runtime's threads spin after each region, and on a busy machine that
-    turned 1 ms kernels into 25 ms ones; waking a sleeping team costs microseconds. Only
-    that moment: left in the environment, the setting slowed a torch imported later (its
-    own runtime, two threads: 3.5 -> 7.8 ms a step of the example's plain net) and every
-    child process. A user's ``OMP_WAIT_POLICY`` wins; a runtime already loaded (torch's,
-    whose ``GOMP_parallel`` Numba's layer then calls) keeps its own policy."""
+    By default the runtime's threads spin after each region, which slows a busy machine
+    far more than waking a sleeping team costs. Only that moment: left in the environment,
+    the setting also slowed a torch imported later (its own runtime) and every child
+    process (benchmarks/RESULTS.md). A user's ``OMP_WAIT_POLICY`` wins; a runtime already
+    loaded (torch's, whose ``GOMP_parallel`` Numba's layer then calls) keeps its own
+    policy."""
     from numba.np.ufunc import parallel
 
     launch = getattr(parallel, "_launch_threads", None)
