@@ -28,4 +28,4 @@ def test_readme_example_runs(code, tmp_path, monkeypatch):
 
 def test_readme_has_the_two_commands():
     assert '\npip install -e ".[demo]" && python -m tfgrad demo\n' in README
-    assert '\npip install -e ".[test]" && pytest\n' in README
+    assert '\npip install -e ".[test]" && pytest -n auto --maxprocesses 4\n' in README
