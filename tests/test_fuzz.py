@@ -77,28 +77,31 @@ def _message(r: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def ci_reports(request, tmp_path_factory):
+def ci_report(request, tmp_path_factory):
+    """``ci_report(op)``: the CI run's report of ``op``."""
     base = tmp_path_factory.mktemp("fuzz")
+
+    def fuzz(op: str) -> dict:
+        return run_worker(op, CI_EXAMPLES, zlib.crc32(op.encode()), base / op)
+
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # pytest-xdist: each test fuzzes its own op, the workers side by side (every
-        # worker holds the whole session's items: here each would fuzz every op)
-        return base
+        # worker holds the whole session's items: a worker would fuzz every op below)
+        return fuzz
     selected = {item.callspec.params["op"] for item in request.session.items
                 if item.originalname == "test_fuzz" and hasattr(item, "callspec")}
     ops = [op for op in ALL_OPS if _implemented(op) and op in selected]
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        futs = {op: ex.submit(run_worker, op, CI_EXAMPLES, zlib.crc32(op.encode()), base / op)
-                for op in ops}
-        return {op: f.result() for op, f in futs.items()}
+        reports = dict(zip(ops, ex.map(fuzz, ops)))
+    return reports.__getitem__
 
 
 @pytest.mark.parametrize("op", ALL_OPS)
-def test_fuzz(op, ci_reports):
+def test_fuzz(op, ci_report):
     """Bounded CI run: a few examples per op, fixed seeds (reproducible)."""
     if not _implemented(op):
         pytest.skip(f"the {OPS[op].family} family is not implemented")
-    r = (run_worker(op, CI_EXAMPLES, zlib.crc32(op.encode()), ci_reports / op)
-         if isinstance(ci_reports, Path) else ci_reports[op])
+    r = ci_report(op)
     assert r["status"] == "ok", _message(r)
     assert r["examples"] >= 1
 
