@@ -237,9 +237,11 @@ def test_blocked_ring_equals_reference(monkeypatch, dtype, C, M, f, s, d, paddin
             with tfgrad.use_impl("kernel"):
                 out = BI(input_sizes=list(xs), filter=w, out_backprop=g, **attrs)
             oracle.assert_same(out, bi, what=f"backprop_input {what} stream={stream}")
+            # (AVX-512: the kernel with pair code, whose blocks pair where M = 2 and C * M
+            # is whole pairs of lane vectors; only those stream)
             pair = HOST_AVX512 and M == 2 and C * np.dtype(dtype).itemsize % 64 == 0
             assert Variant("backprop_input", f, f, blocked=True, pstream=pair and stream == 0,
-                           pair=pair) in KV._BUILT
+                           pair=HOST_AVX512) in KV._BUILT
         with tfgrad.use_impl("kernel"):
             oracle.assert_same(BF(input=x, filter_sizes=list(w.shape), out_backprop=g, **attrs),
                                bf, what="backprop_filter " + what)
@@ -288,6 +290,47 @@ def test_streamed_outputs(monkeypatch, dtype, C):
     assert Variant("backprop_input", 3, 3, stream=True) in KV._BUILT
     with tfgrad.use_impl("kernel"):
         assert FWD(input=x, filter=w, padding="SAME", strides=[1, 1, 1, 1]).ctypes.data % 64 == 0
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_checked_loads_and_four_multiply_adds(dt):
+    # BackpropInput's block intrinsics: vload4_chk's tuple k is the lanes at i + k*step,
+    # +0 (not loaded) with check where column j + k is outside [0, n); vmuladd4 is
+    # v + w * x per lane, the product rounded first.
+    import numba
+
+    from tfgrad.kernels._simd import vlane, vload4_chk, vload_chk, vmuladd4
+
+    @numba.njit
+    def lanes(a, i, j, n, step, out):  # pragma: no cover - compiled
+        c0, c1, c2, c3 = vload4_chk(a, True, j, n, i, step)
+        u0, u1, u2, u3 = vload4_chk(a, False, j, n, i, step)
+        one = vload_chk(a, True, j, n, i)
+        m0, m1, m2, m3 = vmuladd4(c0, c1, c2, c3, one, u0, u1, u2, u3)
+        for k in range(out.shape[1]):
+            out[0, k], out[1, k], out[2, k], out[3, k] = (vlane(c0, k), vlane(c1, k),
+                                                          vlane(c2, k), vlane(c3, k))
+            out[4, k], out[5, k], out[6, k], out[7, k] = (vlane(u0, k), vlane(u1, k),
+                                                          vlane(u2, k), vlane(u3, k))
+            out[8, k], out[9, k], out[10, k], out[11, k] = (vlane(m0, k), vlane(m1, k),
+                                                            vlane(m2, k), vlane(m3, k))
+            out[12, k] = vlane(one, k)
+
+    L = 64 // np.dtype(dt).itemsize
+    a = np.random.default_rng(0).standard_normal(12 * L).astype(dt)
+    a[3] = -0.0
+    for j, n in ((-2, 5), (0, 4), (1, 3), (3, 3), (-9, 9)):
+        i, step = 2, 2 * L
+        out = np.full((13, L), np.nan, dt)
+        lanes(a, i, j, n, step, out)
+        rows = [a[i + k * step:i + k * step + L] for k in range(4)]
+        checked = [r if 0 <= j + k < n else np.zeros(L, dt) for k, r in enumerate(rows)]
+        np.testing.assert_array_equal(out[4:8], rows)
+        assert out[:4].tobytes() == np.array(checked).tobytes()
+        one = checked[0]
+        assert out[12].tobytes() == one.tobytes()
+        want = [c + one * r for c, r in zip(checked, rows)]
+        assert out[8:12].tobytes() == np.array(want).tobytes()
 
 
 def test_finite_difference_gradients():

@@ -132,8 +132,9 @@ def backprop_input(w: np.ndarray, g: np.ndarray, geo: Geometry) -> np.ndarray:
     # (M = 2 there on AVX-512: pair blocks, two lane vectors each, over whole pairs)
     nl = 64 // g.dtype.itemsize
     blocked = geo.M > 1 and geo.C * geo.M % nl == 0
-    pair = HOST_AVX512 and blocked and geo.M == 2 and geo.C * geo.M % (2 * nl) == 0
-    v_stream, v_pstream = stream and geo.M == 1, stream and pair
+    pair = HOST_AVX512 and blocked  # (the kernel with pair code; its blocks check M = 2)
+    v_stream = stream and geo.M == 1
+    v_pstream = stream and pair and geo.M == 2 and geo.C * geo.M % (2 * nl) == 0
     vec = _vec(mode, "backprop_input", geo.fh, geo.fw, stream=v_stream, blocked=blocked,
                pstream=v_pstream, pair=pair)
     finite = bool(np.isfinite(w).all())

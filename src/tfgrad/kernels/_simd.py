@@ -657,6 +657,90 @@ def vmuladd(typingctx, acc, a, b):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
+def vmuladd4(typingctx, v0, v1, v2, v3, w, x0, x1, x2, x3):  # type: ignore[no-untyped-def]
+    """(v0 + w * x0, ..., v3 + w * x3): four vmuladds with one operand in common (one
+    call in Numba's IR, where four compiled slowly in every inlined copy)."""
+    if not isinstance(v0, Vec) or any(t != v0 for t in (v1, v2, v3, w, x0, x1, x2, x3)):
+        return None
+    tup = types.UniTuple(v0, 4)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        v, wv, x = args[:4], args[4], args[5:]
+        return context.make_tuple(builder, tup, [builder.fadd(v[k], builder.fmul(wv, x[k]))
+                                                 for k in range(4)])
+
+    return tup(v0, v1, v2, v3, w, x0, x1, x2, x3), codegen
+
+
+def _load_or_zero(context, builder, aty, arr, check, j, n, i, vt):  # type: ignore[no-untyped-def]
+    load = lambda: builder.load(_pointer(context, builder, aty, arr, i, vt),  # noqa: E731
+                                align=vt.dtype.bitwidth // 8)
+    if not check:
+        return load()
+    # (the branches of Numba's ``0 <= j < n``: the same CFG as the helper it replaces)
+    with builder.if_else(builder.icmp_signed("<=", j.type(0), j)) as (then, otherwise):
+        with then:
+            c_in, b1 = builder.icmp_signed("<", j, n), builder.block
+        with otherwise:
+            b2 = builder.block
+    inside = builder.phi(ir.IntType(1))
+    inside.add_incoming(c_in, b1)
+    inside.add_incoming(ir.IntType(1)(0), b2)
+    with builder.if_else(inside) as (then, otherwise):
+        with then:
+            v_in, b_in = load(), builder.block
+        with otherwise:
+            b_out = builder.block
+    phi = builder.phi(_llvm_type(vt))
+    phi.add_incoming(v_in, b_in)
+    phi.add_incoming(ir.Constant(_llvm_type(vt), [0.0] * vt.lanes), b_out)
+    return phi
+
+
+@intrinsic
+def vload4_chk(typingctx, arr, check, j, n, i, step):  # type: ignore[no-untyped-def]
+    """(vload(arr, i + k * step) for k < 4), each +0 where ``check`` (a literal bool) and
+    column j + k is outside [0, n): the loads of four consecutive pixels of a row, those
+    off its ends reading as zeros (never loaded)."""
+    vt = _vec_of(arr)
+    if (vt is None or not isinstance(check, types.BooleanLiteral)
+            or not all(isinstance(t, types.Integer) for t in (j, n, i, step))):
+        return None
+    tup = types.UniTuple(vt, 4)
+    chk = check.literal_value
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        aty, arr_, _, j_, n_, i_, s_ = sig.args[0], *args
+        j_, n_, i_, s_ = (context.cast(builder, a, t, types.intp)
+                          for a, t in zip((j_, n_, i_, s_), sig.args[2:]))
+        vals = []
+        for k in range(4):  # (i + k * step, j + k: the helper's arithmetic)
+            jk = builder.add(j_, j_.type(k)) if k else j_
+            ik = builder.add(i_, builder.mul(i_.type(k), s_) if k > 1 else s_) if k else i_
+            vals.append(_load_or_zero(context, builder, aty, arr_, chk, jk, n_, ik, vt))
+        return context.make_tuple(builder, tup, vals)
+
+    return tup(arr, check, j, n, i, step), codegen
+
+
+@intrinsic
+def vload_chk(typingctx, arr, check, j, n, i):  # type: ignore[no-untyped-def]
+    """vload(arr, i), or +0 where ``check`` (a literal bool) and j is outside [0, n)."""
+    vt = _vec_of(arr)
+    if (vt is None or not isinstance(check, types.BooleanLiteral)
+            or not all(isinstance(t, types.Integer) for t in (j, n, i))):
+        return None
+    chk = check.literal_value
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        j_, n_, i_ = (context.cast(builder, a, t, types.intp)
+                      for a, t in zip(args[2:], sig.args[2:]))
+        return _load_or_zero(context, builder, sig.args[0], args[0], chk, j_, n_, i_, vt)
+
+    return vt(arr, check, j, n, i), codegen
+
+
+@intrinsic
 def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
     """Hint the cache line holding arr.flat[i] into L2 (``prefetcht1``; never faults, any
     i). Not into L1 (``prefetcht0``): the kernels prefetch a row of work ahead, and lines
@@ -677,6 +761,7 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 
 __all__ = ["Vec", "flush_denormal", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull",
-           "vhas_negzero", "vload", "vload_dup2", "vload_part", "vmax_keep", "vmin_bits",
-           "vmul", "vmuladd", "vput", "vstore", "vstore_nt", "vstore_part", "vsub",
+           "vhas_negzero", "vload", "vload4_chk", "vload_chk", "vload_dup2", "vload_part",
+           "vmax_keep", "vmin_bits",
+           "vmul", "vmuladd", "vmuladd4", "vput", "vstore", "vstore_nt", "vstore_part", "vsub",
            "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque", "zero_opaque"]

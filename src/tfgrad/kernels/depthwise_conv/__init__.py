@@ -35,10 +35,13 @@ class Variant:
     """BackpropInput with M = 2 on a streamed output: the pair blocks' stores
     non-temporal."""
     pair: bool = False
-    """Two lane vectors at a time (AVX-512 only): BackpropInput's blocks with M = 2,
-    BackpropFilter's sweeps where C * M is two lane vectors. A kernel without it holds
-    no pair code, so it compiles none of the pair helpers' instances (most shapes never
-    take them)."""
+    """Pair code (AVX-512 only): BackpropInput's blocks take two lane vectors at a time
+    where M = 2 (checked at run time: every blocked BackpropInput kernel holds it there,
+    one kernel per size and dtype for every M; a pair-free twin compiled the same
+    non-pair code once more, benchmarks/RESULTS.md); BackpropFilter's sweeps where C * M
+    is two lane vectors (set exactly there: the other shapes ran up to 1.4x slower in the
+    kernel with pair code). A kernel without it holds no pair code, so it compiles none
+    of the pair helpers' instances."""
 
 
 SIZES = ((1, 1), (2, 2), (3, 3), (5, 5), (7, 7))
@@ -65,9 +68,10 @@ def _flags(op: str, fw: int) -> tuple[dict[str, bool], ...]:
     if op == "backprop_input":
         # (streaming with M = 1 only; pstream with pair only, which implies blocked: a
         # streamed output's pixels are whole lines, so C * M is whole lane vectors)
-        pairs = ({"blocked": True, "pair": True},
-                 {"blocked": True, "pair": True, "pstream": True}) if HOST_AVX512 else ()
-        return ({}, {"stream": True}, {"blocked": True}, *pairs)
+        blocked = ({"blocked": True, "pair": True},
+                   {"blocked": True, "pair": True, "pstream": True}) if HOST_AVX512 else (
+                       {"blocked": True},)
+        return ({}, {"stream": True}, *blocked)
     return ({}, {"pair": True}) if filter_pairs(fw) else ({},)
 
 

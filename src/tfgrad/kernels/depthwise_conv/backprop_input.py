@@ -16,13 +16,15 @@ from .._simd import (
     prefetch,
     vhas_negzero,
     vload,
+    vload4_chk,
+    vload_chk,
     vload_part,
     vmin_bits,
     vmuladd,
+    vmuladd4,
     vpairsum,
     vput,
     vstore_part,
-    vzeros,
     vzeros_opaque,
     zero_opaque,
 )
@@ -32,7 +34,6 @@ from .common import (
     _any_negzero,
     _gap_turns_plus,
     _mac,
-    _mac4,
     _negzero,
     _prefetch_part,
     _prefetch_step,
@@ -247,15 +248,6 @@ def redo_negzero(w, g, out, sh, sw, dh, dw, pt, pl, mode, lanes, rows):
 
 
 @inline
-def _g_at(gf, check, oj, ow, i):
-    """gf's lanes at i (out_backprop column oj); with ``check``, +0 where oj is outside
-    [0, ow): w * 0 for finite w, the bits TF computes for that tap."""
-    if not check or 0 <= oj < ow:
-        return vload(gf, i)
-    return vzeros(gf)
-
-
-@inline
 def _sum_pairs(of, o, per, p, n, zero):
     """of[o + e] = (0 + per[p + 2e]) + per[p + 2e + 1] for e < n: a multiplier of 2
     summed in _reduce_multiplier's order (M < plane); unsigned, so that it vectorises."""
@@ -263,13 +255,6 @@ def _sum_pairs(of, o, per, p, n, zero):
     o, p = u(o), u(p)
     for e in range(u(n)):
         of[o + e] = (zero + per[p + u(2) * e]) + per[p + u(2) * e + u(1)]
-
-
-@inline
-def _g4(gs, check, oj, ow, a, GS):
-    """_g_at for out_backprop columns oj .. oj + 3 (at a, a + GS, ...)."""
-    return (_g_at(gs, check, oj, ow, a), _g_at(gs, check, oj + 1, ow, a + GS),
-            _g_at(gs, check, oj + 2, ow, a + 2 * GS), _g_at(gs, check, oj + 3, ow, a + 3 * GS))
 
 
 @inline(force=True)
@@ -297,23 +282,23 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
             if unit:
                 oj = tapb[0] + u
                 a = rowoff[r] + oj * GS
-                g0, g1, g2, g3 = _g4(gs, check, oj, ow, a + ca, GS)
-                h0, h1, h2, h3 = _g4(gs, check, oj, ow, a + cb, GS) if pair else (g0, g0,
+                g0, g1, g2, g3 = vload4_chk(gs, check, oj, ow, a + ca, GS)
+                h0, h1, h2, h3 = vload4_chk(gs, check, oj, ow, a + cb, GS) if pair else (g0, g0,
                                                                                   g0, g0)
                 for c in range(FW):
                     wv = vload(wf, (r * FW + c) * CM + ch)
                     # g3 first: it leaves the window after this tap (so its register
                     # frees early, and LLVM spills far fewer vectors on AVX2)
-                    v3, v2, v1, v0 = _mac4(v3, v2, v1, v0, wv, g3, g2, g1, g0, True)
+                    v3, v2, v1, v0 = vmuladd4(v3, v2, v1, v0, wv, g3, g2, g1, g0)
                     if pair:
                         wv = vload(wf, (r * FW + c) * CM + ch + NL)
-                        q3, q2, q1, q0 = _mac4(q3, q2, q1, q0, wv, h3, h2, h1, h0, True)
+                        q3, q2, q1, q0 = vmuladd4(q3, q2, q1, q0, wv, h3, h2, h1, h0)
                     if c + 1 < FW:
                         g1, g2, g3 = g0, g1, g2
-                        g0 = _g_at(gs, check, oj - c - 1, ow, a - (c + 1) * GS + ca)
+                        g0 = vload_chk(gs, check, oj - c - 1, ow, a - (c + 1) * GS + ca)
                         if pair:
                             h1, h2, h3 = h0, h1, h2
-                            h0 = _g_at(gs, check, oj - c - 1, ow, a - (c + 1) * GS + cb)
+                            h0 = vload_chk(gs, check, oj - c - 1, ow, a - (c + 1) * GS + cb)
                 continue
             for c in range(FW):
                 if not taphit[c]:
@@ -321,12 +306,12 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
                 wv = vload(wf, (r * FW + c) * CM + ch)
                 oj = tapb[c] + u
                 a = rowoff[r] + oj * GS
-                g0, g1, g2, g3 = _g4(gs, check, oj, ow, a + ca, GS)
-                v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, g0, g1, g2, g3, True)
+                g0, g1, g2, g3 = vload4_chk(gs, check, oj, ow, a + ca, GS)
+                v0, v1, v2, v3 = vmuladd4(v0, v1, v2, v3, wv, g0, g1, g2, g3)
                 if pair:
                     wv = vload(wf, (r * FW + c) * CM + ch + NL)
-                    g0, g1, g2, g3 = _g4(gs, check, oj, ow, a + cb, GS)
-                    q0, q1, q2, q3 = _mac4(q0, q1, q2, q3, wv, g0, g1, g2, g3, True)
+                    g0, g1, g2, g3 = vload4_chk(gs, check, oj, ow, a + cb, GS)
+                    q0, q1, q2, q3 = vmuladd4(q0, q1, q2, q3, wv, g0, g1, g2, g3)
         if pair:
             k = ch // 2
             vput(dst, o + k, vpairsum(v0, q0), stream)
@@ -374,9 +359,10 @@ def _bi_part4(wf, gf, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, CV, FH, FW
 
 
 def make_vec(FH: int, FW: int, *, blocked: bool, pair: bool):
-    # Variant.pair (AVX-512: two lane vectors' 8 accumulators and operands fit; the
-    # dispatch sets it exactly where the run-time ``pair`` below holds): without it Numba
-    # prunes the branches that test it first, and _bi_block's pair instances go uncompiled.
+    # Variant.pair (AVX-512, every blocked kernel: two lane vectors' 8 accumulators and
+    # operands fit; the blocks take them where the run-time ``pair`` below holds): without
+    # it Numba prunes the branches that test it first, and _bi_block's pair instances go
+    # uncompiled.
     PAIR = pair
 
     @jit(nogil=True)
