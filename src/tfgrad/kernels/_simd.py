@@ -762,6 +762,6 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 __all__ = ["Vec", "flush_denormal", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull",
            "vhas_negzero", "vload", "vload4_chk", "vload_chk", "vload_dup2", "vload_part",
-           "vmax_keep", "vmin_bits",
-           "vmul", "vmuladd", "vmuladd4", "vput", "vstore", "vstore_nt", "vstore_part", "vsub",
-           "vwhere_eq", "vwhere_lt", "vzeros", "vzeros_opaque", "zero_opaque"]
+           "vmax_keep", "vmin_bits", "vmul", "vmuladd", "vmuladd4", "vput", "vstore",
+           "vstore_nt", "vstore_part", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
+           "vzeros_opaque", "zero_opaque"]

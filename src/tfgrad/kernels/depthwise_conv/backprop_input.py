@@ -282,9 +282,11 @@ def _bi_block(wf, gs, dst, rowoff, rowok, tapb, taphit, u, o, ps, CM, ch0, ch1, 
             if unit:
                 oj = tapb[0] + u
                 a = rowoff[r] + oj * GS
+                # (with check, a column outside [0, ow) reads +0: w * 0 for a finite w,
+                # the bits TF computes for that tap)
                 g0, g1, g2, g3 = vload4_chk(gs, check, oj, ow, a + ca, GS)
-                h0, h1, h2, h3 = vload4_chk(gs, check, oj, ow, a + cb, GS) if pair else (g0, g0,
-                                                                                  g0, g0)
+                h0, h1, h2, h3 = (vload4_chk(gs, check, oj, ow, a + cb, GS) if pair
+                                  else (g0, g0, g0, g0))
                 for c in range(FW):
                     wv = vload(wf, (r * FW + c) * CM + ch)
                     # g3 first: it leaves the window after this tap (so its register
