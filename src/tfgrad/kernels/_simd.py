@@ -141,6 +141,11 @@ def vzeros_opaque(typingctx, arr):  # type: ignore[no-untyped-def]
     return vt(arr), codegen
 
 
+def _load(context, builder, aty, arr, i, vt):  # type: ignore[no-untyped-def]
+    return builder.load(_pointer(context, builder, aty, arr, i, vt),
+                        align=vt.dtype.bitwidth // 8)
+
+
 @intrinsic
 def vload(typingctx, arr, i):  # type: ignore[no-untyped-def]
     """arr.flat[i:i + lanes] (arr C-contiguous and one-dimensional)."""
@@ -149,8 +154,7 @@ def vload(typingctx, arr, i):  # type: ignore[no-untyped-def]
         return None
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1], vt),
-                            align=vt.dtype.bitwidth // 8)
+        return _load(context, builder, sig.args[0], args[0], args[1], vt)
 
     return vt(arr, i), codegen
 
@@ -673,10 +677,8 @@ def vmuladd4(typingctx, v0, v1, v2, v3, w, x0, x1, x2, x3):  # type: ignore[no-u
 
 
 def _load_or_zero(context, builder, aty, arr, check, j, n, i, vt):  # type: ignore[no-untyped-def]
-    load = lambda: builder.load(_pointer(context, builder, aty, arr, i, vt),  # noqa: E731
-                                align=vt.dtype.bitwidth // 8)
     if not check:
-        return load()
+        return _load(context, builder, aty, arr, i, vt)
     # (the branches of Numba's ``0 <= j < n``: the same CFG as the helper it replaces)
     with builder.if_else(builder.icmp_signed("<=", j.type(0), j)) as (then, otherwise):
         with then:
@@ -688,7 +690,7 @@ def _load_or_zero(context, builder, aty, arr, check, j, n, i, vt):  # type: igno
     inside.add_incoming(ir.IntType(1)(0), b2)
     with builder.if_else(inside) as (then, otherwise):
         with then:
-            v_in, b_in = load(), builder.block
+            v_in, b_in = _load(context, builder, aty, arr, i, vt), builder.block
         with otherwise:
             b_out = builder.block
     phi = builder.phi(_llvm_type(vt))
