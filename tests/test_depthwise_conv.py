@@ -294,12 +294,12 @@ def test_streamed_outputs(monkeypatch, dtype, C):
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_checked_loads_and_four_multiply_adds(dt):
-    # BackpropInput's block intrinsics: vload4_chk's tuple k is the lanes at i + k*step,
-    # +0 (not loaded) with check where column j + k is outside [0, n); vmuladd4 is
-    # v + w * x per lane, the product rounded first.
+    # The blocks' intrinsics: vload4's tuple k is the lanes at i + k*step; vload4_chk's
+    # the same, +0 (not loaded) with check where column j + k is outside [0, n);
+    # vmuladd4 is v + w * x per lane, the product rounded first.
     import numba
 
-    from tfgrad.kernels._simd import vlane, vload4_chk, vload_chk, vmuladd4
+    from tfgrad.kernels._simd import vlane, vload4, vload4_chk, vload_chk, vmuladd4
 
     @numba.njit
     def lanes(a, i, j, n, step, out):  # pragma: no cover - compiled
@@ -307,6 +307,7 @@ def test_checked_loads_and_four_multiply_adds(dt):
         u0, u1, u2, u3 = vload4_chk(a, False, j, n, i, step)
         one = vload_chk(a, True, j, n, i)
         m0, m1, m2, m3 = vmuladd4(c0, c1, c2, c3, one, u0, u1, u2, u3)
+        p0, p1, p2, p3 = vload4(a, i, step)
         for k in range(out.shape[1]):
             out[0, k], out[1, k], out[2, k], out[3, k] = (vlane(c0, k), vlane(c1, k),
                                                           vlane(c2, k), vlane(c3, k))
@@ -315,17 +316,20 @@ def test_checked_loads_and_four_multiply_adds(dt):
             out[8, k], out[9, k], out[10, k], out[11, k] = (vlane(m0, k), vlane(m1, k),
                                                             vlane(m2, k), vlane(m3, k))
             out[12, k] = vlane(one, k)
+            out[13, k], out[14, k], out[15, k], out[16, k] = (vlane(p0, k), vlane(p1, k),
+                                                              vlane(p2, k), vlane(p3, k))
 
     L = 64 // np.dtype(dt).itemsize
     a = np.random.default_rng(0).standard_normal(12 * L).astype(dt)
     a[3] = -0.0
     for j, n in ((-2, 5), (0, 4), (1, 3), (3, 3), (-9, 9)):
         i, step = 2, 2 * L
-        out = np.full((13, L), np.nan, dt)
+        out = np.full((17, L), np.nan, dt)
         lanes(a, i, j, n, step, out)
         rows = [a[i + k * step:i + k * step + L] for k in range(4)]
         checked = [r if 0 <= j + k < n else np.zeros(L, dt) for k, r in enumerate(rows)]
         np.testing.assert_array_equal(out[4:8], rows)
+        assert out[13:17].tobytes() == np.array(rows).tobytes()
         assert out[:4].tobytes() == np.array(checked).tobytes()
         one = checked[0]
         assert out[12].tobytes() == one.tobytes()

@@ -699,11 +699,36 @@ def _load_or_zero(context, builder, aty, arr, check, j, n, i, vt):  # type: igno
     return phi
 
 
+def _loads4(context, builder, aty, arr, chk, j, n, i, s, vt):  # type: ignore[no-untyped-def]
+    vals = []
+    for k in range(4):  # (i + k * step, j + k: the helper's arithmetic)
+        jk = builder.add(j, j.type(k)) if k and chk else j
+        ik = builder.add(i, builder.mul(i.type(k), s) if k > 1 else s) if k else i
+        vals.append(_load_or_zero(context, builder, aty, arr, chk, jk, n, ik, vt))
+    return vals
+
+
+@intrinsic
+def vload4(typingctx, arr, i, step):  # type: ignore[no-untyped-def]
+    """(vload(arr, i + k * step) for k < 4): the loads of four pixels of a row."""
+    vt = _vec_of(arr)
+    if vt is None or not all(isinstance(t, types.Integer) for t in (i, step)):
+        return None
+    tup = types.UniTuple(vt, 4)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        i_, s_ = (context.cast(builder, a, t, types.intp) for a, t in zip(args[1:], sig.args[1:]))
+        vals = _loads4(context, builder, sig.args[0], args[0], False, None, None, i_, s_, vt)
+        return context.make_tuple(builder, tup, vals)
+
+    return tup(arr, i, step), codegen
+
+
 @intrinsic
 def vload4_chk(typingctx, arr, check, j, n, i, step):  # type: ignore[no-untyped-def]
-    """(vload(arr, i + k * step) for k < 4), each +0 where ``check`` (a literal bool) and
-    column j + k is outside [0, n): the loads of four consecutive pixels of a row, those
-    off its ends reading as zeros (never loaded)."""
+    """vload4(arr, i, step), each load +0 where ``check`` (a literal bool) and column
+    j + k is outside [0, n): four pixels of a row, those off its ends reading as zeros
+    (never loaded)."""
     vt = _vec_of(arr)
     if (vt is None or not isinstance(check, types.BooleanLiteral)
             or not all(isinstance(t, types.Integer) for t in (j, n, i, step))):
@@ -712,14 +737,9 @@ def vload4_chk(typingctx, arr, check, j, n, i, step):  # type: ignore[no-untyped
     chk = check.literal_value
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
-        aty, arr_, _, j_, n_, i_, s_ = sig.args[0], *args
         j_, n_, i_, s_ = (context.cast(builder, a, t, types.intp)
-                          for a, t in zip((j_, n_, i_, s_), sig.args[2:]))
-        vals = []
-        for k in range(4):  # (i + k * step, j + k: the helper's arithmetic)
-            jk = builder.add(j_, j_.type(k)) if k else j_
-            ik = builder.add(i_, builder.mul(i_.type(k), s_) if k > 1 else s_) if k else i_
-            vals.append(_load_or_zero(context, builder, aty, arr_, chk, jk, n_, ik, vt))
+                          for a, t in zip(args[2:], sig.args[2:]))
+        vals = _loads4(context, builder, sig.args[0], args[0], chk, j_, n_, i_, s_, vt)
         return context.make_tuple(builder, tup, vals)
 
     return tup(arr, check, j, n, i, step), codegen
@@ -763,7 +783,7 @@ def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]
 
 
 __all__ = ["Vec", "flush_denormal", "nlanes", "prefetch", "vadd", "vany_ne", "vdiv", "vfull",
-           "vhas_negzero", "vload", "vload4_chk", "vload_chk", "vload_dup2", "vload_part",
-           "vmax_keep", "vmin_bits", "vmul", "vmuladd", "vmuladd4", "vput", "vstore",
-           "vstore_nt", "vstore_part", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
+           "vhas_negzero", "vload", "vload4", "vload4_chk", "vload_chk", "vload_dup2",
+           "vload_part", "vmax_keep", "vmin_bits", "vmul", "vmuladd", "vmuladd4", "vput",
+           "vstore", "vstore_nt", "vstore_part", "vsub", "vwhere_eq", "vwhere_lt", "vzeros",
            "vzeros_opaque", "zero_opaque"]

@@ -15,7 +15,6 @@ from .._simd import (
     prefetch,
     vload,
     vload_dup2,
-    vmuladd,
     vstore,
 )
 
@@ -211,17 +210,6 @@ def _row_offset(xf, n, ii, H, W, C, M, ring, tags):
                     ring[dd + e * m + q] = v
         tags[s] = n * H + ii
     return d0
-
-
-@inline
-def _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, wfirst):
-    """Four pixels' accumulators each take their operand times the tap's weights wv
-    (``wfirst``: as wv * x, the operand order of the kernel it stands for)."""
-    if wfirst:
-        return (vmuladd(v0, wv, x0), vmuladd(v1, wv, x1), vmuladd(v2, wv, x2),
-                vmuladd(v3, wv, x3))
-    return (vmuladd(v0, x0, wv), vmuladd(v1, x1, wv), vmuladd(v2, x2, wv),
-            vmuladd(v3, x3, wv))
 
 
 @inline

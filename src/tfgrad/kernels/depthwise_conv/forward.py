@@ -15,9 +15,11 @@ from .._simd import (
     prefetch,
     vhas_negzero,
     vload,
+    vload4,
     vload_part,
     vmin_bits,
     vmuladd,
+    vmuladd4,
     vput,
     vstore_part,
     vzeros,
@@ -30,7 +32,6 @@ from .common import (
     _any_negzero,
     _gap_turns_plus,
     _mac,
-    _mac4,
     _negzero,
     _prefetch_part,
     _prefetch_step,
@@ -177,7 +178,7 @@ def redo_negzero(x, w, out, sh, sw, dh, dw, pt, pl, mode, rows):
                     out[n, i, j, oc] = acc
 
 
-@inline
+@inline(force=True)
 def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts, P, stream):
     """P (4 or 1) output pixels at of[o:], pixel stride CM, all taps inside, channel
     vectors [ch0, ch1): pixel p's tap (r, c) reads the lanes at src[rowoff[r] + a0 +
@@ -191,11 +192,11 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts,
             for c in range(FW):
                 wv = vload(wf, (r * FW + c) * CM + ch)
                 a = b + c * ts
-                v0 = vmuladd(v0, vload(src, a), wv)
                 if P > 1:
-                    v1 = vmuladd(v1, vload(src, a + ps), wv)
-                    v2 = vmuladd(v2, vload(src, a + 2 * ps), wv)
-                    v3 = vmuladd(v3, vload(src, a + 3 * ps), wv)
+                    x0, x1, x2, x3 = vload4(src, a, ps)
+                    v0, v1, v2, v3 = vmuladd4(v0, v1, v2, v3, wv, x0, x1, x2, x3)
+                else:
+                    v0 = vmuladd(v0, vload(src, a), wv)
         vput(of, o + ch, v0, stream)
         if P > 1:
             vput(of, o + CM + ch, v1, stream)
@@ -222,7 +223,7 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
             x2, x3 = vload(src, b + 2 * ps), vload(src, b + 3 * ps)
             for c in range(FW):
                 wv = vload(wf, (r * FW + c) * CM + ch)
-                v0, v1, v2, v3 = _mac4(v0, v1, v2, v3, wv, x0, x1, x2, x3, False)
+                v0, v1, v2, v3 = vmuladd4(v0, v1, v2, v3, wv, x0, x1, x2, x3)
                 if c + 1 < FW:
                     x0, x1, x2 = x1, x2, x3
                     x3 = vload(src, b + (c + 4) * ps)
@@ -235,7 +236,7 @@ def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps
     return neg
 
 
-@inline
+@inline(force=True)
 def _fwd_part4(src, wf, of, rowoff, a0, o, CM, CV, FH, FW, ps, ts):
     """The lanes past the last whole vector (CV .. CM) of 4 output pixels whose taps all
     fall inside (src unblocked: pixel stride CM), taps in order as the one-pixel path: 4 chains
