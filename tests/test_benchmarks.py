@@ -163,3 +163,39 @@ def test_cold_start_smoke(tmp_path):
     assert "kernels ready median" in r.stdout
     (run,) = json.loads(out.read_text())["this"]
     assert run["ready"] > 0 and isinstance(run["spans"], list)
+
+
+def test_ab_inprocess_smoke(tmp_path):
+    """benchmarks/ab_inprocess.py: HEAD's package copied under another name and run beside
+    a second copy (--null): both import, run the op, give the same bits, and are timed."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                      capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/ab_inprocess.py"), "--null",
+                        "--family", "fake_quant", "--op", "FakeQuantWithMinMaxArgs", "--smoke",
+                        "--rounds", "2", "--calls", "2"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("FakeQuantWithMinMaxArgs")]
+    assert rows and all("new/base" in line for line in rows), r.stdout
+    assert "differ" not in r.stdout
+    assert list(tmp_path.glob("tfgrad-ab/*/tfgrad_base/raw_ops.py"))
+    assert list(tmp_path.glob("tfgrad-ab/*/tfgrad_null/raw_ops.py"))
+
+
+def test_ab_inprocess_compares_bits():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        ab = importlib.import_module("ab_inprocess")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import numpy as np
+
+    a = np.array([0.0, 1.0], np.float32)
+    assert ab.equal_bits((a, a), (a.copy(), a.copy()))
+    assert not ab.equal_bits(a, np.array([-0.0, 1.0], np.float32))  # (== would say equal)
+    assert not ab.equal_bits(a, a.astype(np.float64))
+    assert not ab.equal_bits((a,), (a, a))

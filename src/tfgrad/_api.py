@@ -33,7 +33,7 @@ _IMPLS: dict[str, Callable[..., Any]] = {}
 def _impl(op: OpDef) -> Callable[..., Any]:
     impl = _IMPLS.get(op.name)
     if impl is None:  # (the family module is imported on first use)
-        module = importlib.import_module(f"tfgrad.ops.{op.family}")
+        module = importlib.import_module(f"{__package__}.ops.{op.family}")
         impl = _IMPLS[op.name] = getattr(module, op.name)
     return impl
 
@@ -157,7 +157,7 @@ def _prepare(op: OpDef) -> Callable[[str, dict[str, Any]], Callable[[dict[str, A
     returning the rest of the op), or the whole op where the family has none."""
     prep = _PREPARE.get(op.name)
     if prep is None:
-        module = importlib.import_module(f"tfgrad.ops.{op.family}")
+        module = importlib.import_module(f"{__package__}.ops.{op.family}")
         prep = getattr(module, "prepare", None)
         if prep is None:
             impl = _impl(op)

@@ -31,7 +31,7 @@ def placeholder(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 def family_module(op: OpDef) -> Any:
-    return importlib.import_module(f"tfgrad.ops.{op.family}")
+    return importlib.import_module(f"{__package__}.ops.{op.family}")
 
 
 def output_dtypes(op: OpDef, input_dtypes: dict[str, str]) -> tuple[str, ...]:
