@@ -199,3 +199,23 @@ def test_ab_inprocess_compares_bits():
     assert not ab.equal_bits(a, np.array([-0.0, 1.0], np.float32))  # (== would say equal)
     assert not ab.equal_bits(a, a.astype(np.float64))
     assert not ab.equal_bits((a,), (a, a))
+
+
+def test_qat_step_interleaved_smoke(tmp_path):
+    """benchmarks/qat_step.py --interleave: TF-Eigen's step and tfgrad.torch.qat's in one
+    process (restarted with TF_ENABLE_ONEDNN_OPTS=0), a ratio per round."""
+    import pytest
+
+    pytest.importorskip("tensorflow_model_optimization")
+    pytest.importorskip("torch")
+    out = tmp_path / "qat.json"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/qat_step.py"), "--interleave",
+                        "--smoke", "--rounds", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert set(rows) == {"tfmot in TF (Eigen)", "tfgrad.torch.qat (eager)"}
+    assert rows["tfmot in TF (Eigen)"]["ratio"] == 1.0
+    assert all(v["median_ms"] > 0 and v["ratio_min"] <= v["ratio"] <= v["ratio_max"]
+               for v in rows.values())
