@@ -207,7 +207,7 @@ def _fwd_block(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, ts,
     return neg
 
 
-@inline
+@inline  # (by Numba: inlined by LLVM, as _fwd_block is, the M = 4 kernels ran 5-17% slower)
 def _fwd_block_unit(src, wf, of, rowoff, a0, o, CM, ch0, ch1, CS, NL, FH, FW, ps, stream, track):
     """_fwd_block for 4 pixels at stride 1 along the row, no dilation along it (pixel
     stride ps in src): the 4 pixels' inputs for tap c are columns c..c+3, held in
