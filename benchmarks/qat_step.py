@@ -76,34 +76,39 @@ def tf_child(path: str, batch: int, warm: int, n: int) -> dict[str, float]:
     return _times(tf_step(path, batch), warm, n)
 
 
-def torch_rows(path: str, batch: int, warm: int, n: int, compiled: bool) -> dict[str, dict]:
+def torch_step(path: str, batch: int, name: str) -> Callable[[], None]:
+    """A step of the model loaded by tfgrad.torch.qat: ``name`` "eager", "eager, layer by
+    layer" or "compiled" (the program as one operator)."""
     import torch
 
     import tfgrad.torch.qat as tq
 
     x, c = (torch.from_numpy(a) for a in _batch(path, batch))
     lr = torch.tensor(0.05)
-    rows = {}
+    m = tq.load_keras(path).train()
+    m.fused = name != "eager, layer by layer"
+    run = torch.compile(m) if name == "compiled" else m
+    # (the parameters listed once, as an optimizer holds them: walking the module tree
+    # each step cost ~1 ms; the update in torch's foreach ops, as its optimizers run
+    # theirs: TF's p - lr * g, a product then a difference, the same bits as
+    # p.sub_(lr * p.grad) per parameter)
+    params = list(m.parameters())
+
+    def step() -> None:
+        (run(x) * c).sum().backward()
+        with torch.no_grad():
+            torch._foreach_sub_(params, torch._foreach_mul([p.grad for p in params], lr))
+        for p in params:
+            p.grad = None
+
+    return step
+
+
+def torch_rows(path: str, batch: int, warm: int, n: int, compiled: bool) -> dict[str, dict]:
     names = ("eager", "eager, layer by layer", "compiled") if compiled else ("eager",)
-    for name in names:
-        m = tq.load_keras(path).train()
-        m.fused = name != "eager, layer by layer"  # (compiled: the program as one operator)
-        run = torch.compile(m) if name == "compiled" else m
-        # (the parameters listed once, as an optimizer holds them: walking the module
-        # tree each step cost ~1 ms; the update in torch's foreach ops, as its optimizers
-        # run theirs: TF's p - lr * g, a product then a difference, the same bits as
-        # p.sub_(lr * p.grad) per parameter)
-        params = list(m.parameters())
-
-        def step(run: Callable = run, params: list = params) -> None:
-            (run(x) * c).sum().backward()
-            with torch.no_grad():
-                torch._foreach_sub_(params, torch._foreach_mul([p.grad for p in params], lr))
-            for p in params:
-                p.grad = None
-
-        rows[f"tfgrad.torch.qat ({name})"] = _times(step, warm + (2 if compiled else 0), n)
-    return rows
+    return {f"tfgrad.torch.qat ({name})": _times(torch_step(path, batch, name),
+                                                 warm + (2 if compiled else 0), n)
+            for name in names}
 
 
 SERVED = {"tfmot in TF (Eigen)": "tf", "tfgrad.torch.qat (eager)": "torch-eager",
@@ -117,21 +122,7 @@ def serve(kind: str, path: str, batch: int, warm: int) -> None:
     if kind == "tf":
         step = tf_step(path, batch)
     elif kind.startswith("torch"):
-        import torch
-
-        import tfgrad.torch.qat as tq
-
-        x, c = (torch.from_numpy(a) for a in _batch(path, batch))
-        m = tq.load_keras(path).train()
-        run = torch.compile(m) if kind == "torch-compiled" else m
-        params, lr = list(m.parameters()), torch.tensor(0.05)
-
-        def step() -> None:
-            (run(x) * c).sum().backward()
-            with torch.no_grad():
-                torch._foreach_sub_(params, torch._foreach_mul([p.grad for p in params], lr))
-            for p in params:
-                p.grad = None
+        step = torch_step(path, batch, "compiled" if kind == "torch-compiled" else "eager")
     else:
         step = jax_step(path, batch, "exact", fused=True)
     for _ in range(warm + 2):
