@@ -214,12 +214,13 @@ def _terms(gi, xi, l, h, zeros):
             vwhere_lt(h, xi, gi, z))
 
 
-@inline
+@inline(force=True)
 def _row(gf, xf, lo, hi, base, w, accf, a0, a1, dxf):
     # One row of a channel block, as vectors of 16 and 8 channels (the last few masked,
     # or scalar below 3): dx, and the terms summed into the accumulator rows at accf[a0:]
     # and accf[a1:] (dmin's, dmax's), flushed. (A loop over the block's channels ran
-    # scalar below 16 of them, 5x slower.)
+    # scalar below 16 of them, 5x slower.) Compiled once and inlined by LLVM: Numba's
+    # copy at each of _subtree's two call sites cost a quarter of the gradients' compile.
     c = 0
     while c + 16 <= w:
         i = _U(base + c)
