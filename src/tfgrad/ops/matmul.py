@@ -8,8 +8,9 @@ With the transposes applied, ``[M, K] x [K, N]``; TF takes one of two paths:
   depend on TF's thread count and the processor; docs/matmul.md);
 - ``min(M, K, N) == 1``: Eigen Core's ``x * y`` (compiled without FMA: every product and
   every sum rounded): K == 1 exact products; a vector output a GEMV (row-major: 8 lanes
-  of strided sums, a half packet, scalars; column-major: blocks of k); a 1 x 1 output a
-  vectorised dot; K + M + N < 20 a lazy coefficient product.
+  of strided sums, a half packet, scalars; column-major: blocks of k); a 1 x 1 output
+  Eigen's inner product; K + M + N < 20 a lazy coefficient product; a -0 sum +0 where
+  TF sums into a zeroed output.
 
 This module holds the checks and the NumPy reference (the spec; an exact float32 FMA by
 round-to-odd in float64); the compiled contraction is ``tfgrad.kernels.matmul``, run by
@@ -157,6 +158,38 @@ def _redux_dot(u: np.ndarray, v: np.ndarray) -> np.float32:
     return F32(r)
 
 
+def _inner_dot(u: np.ndarray, v: np.ndarray) -> np.float32:
+    """Eigen's inner product of u*v, both contiguous (``inner_product_impl``, the GEMV's
+    1 x 1 fallback): the first four packets start four accumulators, each later group of
+    four adds one to each, the one to three packets past the last group add to the first
+    ones; then p2 + p3, p1 + p2, p0 + p1, predux, and the last products one at a time."""
+    K = u.size
+    prod = mul(u, v)
+    n = K // PACKET
+    if n == 0:
+        r = prod[0]
+        for j in range(1, K):
+            r = add(prod[j], r)
+        return F32(r)
+    quad = K - K % (4 * PACKET)
+    acc = [prod[i * PACKET:(i + 1) * PACKET] for i in range(min(4, n))]
+    if n >= 4:
+        for j in range(4 * PACKET, quad, 4 * PACKET):
+            acc = [add(acc[i], prod[j + i * PACKET:j + (i + 1) * PACKET]) for i in range(4)]
+        for i in range(n - quad // PACKET):
+            acc[i] = add(acc[i], prod[quad + i * PACKET:quad + (i + 1) * PACKET])
+        acc[2] = add(acc[2], acc[3])
+    if n >= 3:
+        acc[1] = add(acc[1], acc[2])
+    if n >= 2:
+        acc[0] = add(acc[0], acc[1])
+    q = add(acc[0][:4], acc[0][4:])
+    r = add(add(q[0], q[2]), add(q[1], q[3]))
+    for j in range(n * PACKET, K):
+        r = add(prod[j], r)
+    return F32(r)
+
+
 def _sequential_dot(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Products summed left to right from the first (Eigen's lazy product, a strided
     side): u [R, K] and v [K, C] give [R, C]."""
@@ -167,9 +200,18 @@ def _sequential_dot(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def reference_core(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool) -> np.ndarray:
-    """Eigen Core's ``x * y`` (min(M, K, N) == 1), no FMA; a, b as given (row-major)."""
+    """Eigen Core's ``x * y`` (min(M, K, N) == 1), no FMA; a, b as given (row-major).
+    Where TF sums into a zeroed output (every product untransposed; every GEMV and inner
+    product, K + M + N >= 20) a -0 comes out +0 (``0 + r``, measured on TF)."""
     A = a.T if ta else a
     B = b.T if tb else b
+    r = _core(A, B, ta, tb)
+    if (not ta and not tb) or sum(A.shape) + B.shape[1] >= 20:
+        r = add(F32(0), r)
+    return r
+
+
+def _core(A: np.ndarray, B: np.ndarray, ta: bool, tb: bool) -> np.ndarray:
     M, K = A.shape
     N = B.shape[1]
     if K == 1:
@@ -183,12 +225,10 @@ def reference_core(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool) -> np.ndarr
                              for i in range(M)], F32).reshape(M, N)
         return _sequential_dot(A, B)
     if M == 1 and N == 1:
-        # Eigen's inner product: products summed left to right, vectorised (``redux``)
-        # only when both sides are contiguous at compile time (a's row, b's row).
-        # KNOWN GAP: with transpose_b (not transpose_a) and K >= 32 TF's order is not
-        # this one (docs/matmul.md); a few ulps.
+        # The GEMV's inner product: vectorised only when both sides are contiguous at
+        # compile time (a's row, b's row), else products summed left to right.
         if not ta and tb:
-            return np.array([[_redux_dot(np.ascontiguousarray(A[0]),
+            return np.array([[_inner_dot(np.ascontiguousarray(A[0]),
                                          np.ascontiguousarray(B[:, 0]))]], F32)
         return _sequential_dot(A, B)
     if N == 1:  # y = A x

@@ -91,9 +91,27 @@ CASES += [
                                             grad_a=True, grad_b=False)),
 ]
 # A 1 x 1 output over a long K: summed left to right unless b is transposed and a is not
-# (KNOWN GAP, docs/matmul.md: that one's order is TF's only up to K = 16, so no case).
-CASES += [Case(OP, f"dot_1x300x1_ta{int(ta)}_tb{int(tb)}", _maker(1, 300, 1, ta, tb))
-          for ta, tb in ((False, False), (True, False), (True, True))]
+# (then Eigen's inner product: four packet accumulators); K = 300 and K % 32 = 7 and 27.
+CASES += [Case(OP, f"dot_1x{k}x1_ta{int(ta)}_tb{int(tb)}", _maker(1, k, 1, ta, tb))
+          for k in (300, 39, 59) for ta, tb in _ALL]
+
+
+def _negzero(m: int, k: int, n: int, ta: bool, tb: bool
+             ) -> Callable[[np.random.Generator], dict[str, Any]]:
+    """Every product -0 (a < 0, b = +0): the sums -0, or +0 where TF adds them to a
+    zeroed output."""
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        kw = _operands(rng, m, k, n, ta, tb)
+        kw["a"] = -np.abs(kw["a"])
+        kw["b"] = np.zeros_like(kw["b"])
+        return kw
+    return make
+
+
+# (the vector paths' signed zeros: exact products, lazy, inner product, GEMV)
+CASES += [Case(OP, f"negzero_{m}x{k}x{n}_ta{int(ta)}_tb{int(tb)}", _negzero(m, k, n, ta, tb))
+          for m, k, n in ((1, 1, 1), (1, 5, 2), (1, 40, 1), (40, 1, 1), (9, 30, 1))
+          for ta, tb in _ALL]
 
 
 def processor_dependent(case: Case, kwargs: dict[str, Any]) -> set[str]:
