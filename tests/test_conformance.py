@@ -166,6 +166,42 @@ def test_live(case):
     oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[seed {seed}]")
 
 
+def _floats(kwargs: dict) -> list[str]:
+    return [k for k, v in kwargs.items() if isinstance(v, np.ndarray) and v.size
+            and (v.dtype.kind == "f" or v.dtype.name == "bfloat16")]
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("case", [c for c in CASES if c.live and _floats(c.kwargs(c.seed()))],
+                         ids=lambda c: c.id)
+def test_live_signed_zeros(case):
+    """The case's float inputs replaced by zeros of their values' signs, each alone and
+    then all at once: sums and products of zeros, whose sign follows where TF's sums
+    start (a MatMul GEMV adds into a zeroed output, a lazy product keeps -0:
+    docs/matmul.md). TF's bits, kernel and reference."""
+    seed = np.random.SeedSequence().entropy % 2**32
+    kwargs = case.kwargs(seed)
+    names = _floats(kwargs)
+    if _family(case) in oracle.UNMODELLED and (processor_dependent(case, kwargs)
+                                                 or _family(case) == "conv2d"):
+        pytest.skip(oracle.UNMODELLED_WHY)
+    for zeroed in [[k] for k in names] + ([names] if len(names) > 1 else []):
+        kw = dict(kwargs)
+        for k in zeroed:
+            kw[k] = np.copysign(np.zeros_like(kwargs[k]), kwargs[k])
+        try:
+            expected = oracle.expected(case, kw)
+        except Exception as e:  # (TF refuses them: FractionalMaxPoolGrad's orig_output
+            # is no longer orig_input's pooling) tfgrad refuses them as well
+            for impl in ("kernel", "reference"):
+                with pytest.raises(getattr(tfgrad.errors, type(e).__name__)):
+                    _run(case.op, kw, impl)
+            continue
+        for impl in ("kernel", "reference"):
+            oracle.assert_outputs(case.op, _run(case.op, kw, impl), expected, case.ulps,
+                                  what=f"[{', '.join(zeroed)} zeros, {impl}, seed {seed}]")
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_kernel_equals_reference_and_inputs_untouched(case):
     kwargs = case.kwargs(seed=case.seed() + 1)

@@ -38,6 +38,16 @@ def run_tf(op: str, kwargs: dict[str, Any]) -> Any:
     """Run ``tf.raw_ops.<op>(**kwargs)``; return numpy outputs (a tuple if several)."""
     tf = tensorflow()
     assert tf is not None
+    # NumPy scalar inputs as 0-d arrays: eager TF caches its constants from Python
+    # floats (a numpy.float64 is one) by value, and -0.0 == 0.0 found a +0.0 made earlier
+    from .. import get_op_def
+
+    try:
+        inputs = {i.name for i in get_op_def(op).inputs}
+    except KeyError:  # (a TF op of a case's tf_call that tfgrad has not)
+        inputs = set()
+    kwargs = {k: np.asarray(v) if k in inputs and isinstance(v, np.generic) else v
+              for k, v in kwargs.items()}
     with tf.device("/CPU:0"):
         out = getattr(tf.raw_ops, op)(**kwargs)
     if isinstance(out, (list, tuple)):
