@@ -252,17 +252,20 @@ def coefficients(geo: Geometry, dt: np.dtype) -> np.ndarray:
 
 
 def forward_reference(x: np.ndarray, geo: Geometry) -> np.ndarray:
-    """Each output's window added in row-major order from +0, then divided by the count.
-    Padding cells are added as +0 here: a sum that starts at +0 is never -0, and adding +0
-    to anything else leaves it as it is."""
+    """Each output's window's cells added in row-major order from +0, then divided by
+    the count. Padding cells are skipped, not added as +0: under FTZ a sum from +0 can be
+    -0 (a tiny negative partial sum flushed), which a +0 would turn into +0."""
     dt = x.dtype
     xp = np.zeros(padded_shape(geo), dt)
     xp[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = x
+    inside = np.zeros(padded_shape(geo)[1:3], bool)
+    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
     acc = np.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     for dr in range(geo.KH):
         for dc in range(geo.KW):
             rs, cs = taps(geo, dr, dc)
-            acc = _op(np.add, acc, xp[:, rs, cs], dt)
+            acc = np.where(inside[rs, cs][None, :, :, None],
+                           _op(np.add, acc, xp[:, rs, cs], dt), acc)
     return _op(np.divide, acc, counts(geo, dt)[None, :, :, None], dt)
 
 

@@ -53,9 +53,11 @@ def _r(v: Array) -> Array:
 
 def _add(a: Array, b: Array) -> Array:
     """``a + b`` with IEEE's zero sign: XLA folds ``0 + b`` to ``b``, which keeps a -0 that
-    TF's sum onto +0 turns into +0 (a rounded sum is -0 only when both terms are)."""
+    TF's sum onto +0 turns into +0 (a sum of two zeros is -0 only when both are; a sum
+    of other values flushed to zero keeps its sign)."""
     s = a + b
-    return jnp.where((s == 0) & ~(jnp.signbit(a) & jnp.signbit(b)), jnp.zeros_like(s), s)
+    plus = (a == 0) & (b == 0) & ~(jnp.signbit(a) & jnp.signbit(b))
+    return jnp.where(plus, jnp.zeros_like(s), s)
 
 
 def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],
@@ -67,11 +69,15 @@ def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],
         return jnp.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     xp = jnp.zeros(_ap.padded_shape(geo), dt)
     xp = xp.at[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W].set(_ftz(value))
+    inside = np.zeros(_ap.padded_shape(geo)[1:3], bool)
+    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
     acc = jnp.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     for dr in range(geo.KH):
         for dc in range(geo.KW):
             rs, cs = _ap.taps(geo, dr, dc)
-            acc = _ftz(_add(acc, xp[:, rs, cs]))
+            # (padding cells skipped: a flushed sum can be -0, which + 0 would change)
+            acc = jnp.where(inside[rs, cs][None, :, :, None], _ftz(_add(acc, xp[:, rs, cs])),
+                            acc)
     counts = jnp.asarray(_ap.counts(geo, dt))[None, :, :, None]
     return _ftz(div_rn(acc, counts))
 

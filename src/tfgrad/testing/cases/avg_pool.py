@@ -116,6 +116,21 @@ for _op, _mk in ((FWD, _fwd), (GRAD, _grad)):
     _CASES.append(Case(_op, "threaded", _mk((2, 20, 20, 32), (3, 3), (2, 2), "SAME", F32,
                                             0.02)))
 
+
+
+def _near_tiny(dtype: Any) -> Callable[[np.random.Generator], dict[str, Any]]:
+    """Values of one or two times the smallest normal, either sign: window sums that
+    cancel below it are flushed to a zero of their sign (FTZ), -0 kept through the
+    windows' padding as in TF."""
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        x = (rng.uniform(-2, 2, (2, 5, 6, 3)) * float(_finfo(dtype).tiny)).astype(dtype)
+        return dict(value=x, **_attrs((3, 3), (1, 1), "SAME"))
+    return make
+
+
+for _dt_name in ("float32", "float64", "bfloat16"):  # (float16's denormals are not flushed)
+    _CASES.append(Case(FWD, f"{_dt_name}_flushed_sums", _near_tiny(DTYPES[_dt_name])))
+
 CASES: list[Case] = _CASES
 
 

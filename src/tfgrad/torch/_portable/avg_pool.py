@@ -4,12 +4,12 @@ spec is :mod:`tfgrad.ops.avg_pool`, TF's behaviours docs/avg_pool.md).
 TF's arithmetic, one elementwise operation at a time, so the bits are TF's wherever
 torch's elementwise float operations round once (the CPU; CUDA's IEEE add, multiply and
 divide): AvgPool adds the padded input's strided slices for each window offset in
-row-major order onto +0 (a padding cell adds +0, which changes nothing: the sum is never
--0), then divides by TF's counts in T; AvgPoolGrad multiplies grad by TF's coefficients
-in T, then adds the products into a zeroed padded dx for the window offsets from the
-last to the first (the outputs' row-major order), and cuts the padding off. Denormals
-are flushed after each operation as TF's FTZ / DAZ (float32, float64 and bfloat16; not
-half, whose denormals are normal float32s).
+row-major order onto +0, skipping the padding cells (a flushed sum can be -0, which
+adding a +0 would change), then divides by TF's counts in T; AvgPoolGrad multiplies
+grad by TF's coefficients in T, then adds the products into a zeroed padded dx for the
+window offsets from the last to the first (the outputs' row-major order), and cuts the
+padding off. Denormals are flushed after each operation as TF's FTZ / DAZ (float32,
+float64 and bfloat16; not half, whose denormals are normal float32s).
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ def AvgPool(*, value: torch.Tensor, ksize: tuple[int, ...], strides: tuple[int, 
         return value.new_zeros((geo.N, geo.OH, geo.OW, geo.C))
     xp = value.new_zeros(_ap.padded_shape(geo))
     xp[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = _ftz(value)
+    inside = torch.zeros(_ap.padded_shape(geo)[1:3], dtype=torch.bool, device=value.device)
+    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
     acc = value.new_zeros((geo.N, geo.OH, geo.OW, geo.C))
     for dr in range(geo.KH):
         for dc in range(geo.KW):
             rs, cs = _ap.taps(geo, dr, dc)
-            acc = _ftz(acc + xp[:, rs, cs])
+            acc = torch.where(inside[rs, cs][None, :, :, None], _ftz(acc + xp[:, rs, cs]), acc)
     counts = _ap.counts(geo, _np_dtype(value.dtype)).astype(np.float64)  # (exact in T)
     return _ftz(acc / _table(counts, value))
 
