@@ -364,6 +364,37 @@ def test_vector_products(m, k, n, ta, tb):
     check_tf(got, a=a, b=b, transpose_a=ta, transpose_b=tb)
 
 
+@pytest.mark.parametrize("m,k,n", [(2, 2, 2), (16, 16, 16), (5, 1000, 3), (9, 400, 8),
+                                   (96, 200, 96), (49, 300, 145)])
+@pytest.mark.parametrize("signs", ["negative", "mixed", "halves"])
+def test_underflowing_chains_keep_their_sign(m, k, n, signs):
+    """Products below the smallest normal (1e-25 * 1e-25) flush to zeros of their sign
+    (FTZ): a chain of them is -0 when they are negative, and TF stores the first k-range's
+    chain as it is (+0 + -0 would be +0) and adds the later ones: TF's bits. (Measured on
+    oneDNN's AVX-512 kernel; the AVX2 model's two-accumulator edge tiles are unmeasured.)"""
+    if oracle.tensorflow() is None or onednn_isa() != "avx512_core":
+        pytest.skip("needs TensorFlow on an AVX-512 processor (oneDNN's avx512_core kernel)")
+    rng = np.random.default_rng(m * k + n)
+    a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
+    b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
+    if signs == "negative":
+        a = -a
+    elif signs == "mixed":
+        a *= np.where(rng.random(a.shape) < 0.5, F32(-1), F32(1))
+    else:  # the first k-ranges negative, the later ones positive
+        a[:, :k // 2] *= -1
+    got = both(a, b)
+    assert np.signbit(got).any() or signs != "negative"
+    check_tf(got, a=a, b=b, transpose_a=False, transpose_b=False)
+    x, f = a.reshape(1, 1, m, k), b.reshape(1, 1, k, n)  # a 1x1 convolution: one GEMM
+    conv = dict(input=x, filter=f, strides=[1, 1, 1, 1], padding="VALID")
+    with tfgrad.use_impl("kernel"):
+        got = raw_ops.Conv2D(**conv)
+    with tfgrad.use_impl("reference"):
+        oracle.assert_same(got, raw_ops.Conv2D(**conv), what="kernel vs reference")
+    oracle.assert_outputs("Conv2D", got, oracle.run_tf("Conv2D", conv), what="vs live TF")
+
+
 # --------------------------------------------------------------------------------------
 # The gradient
 # --------------------------------------------------------------------------------------

@@ -236,18 +236,19 @@ def vstore8_part(typingctx, arr, i, v, n):  # type: ignore[no-untyped-def]
 
 @inline(force=True)
 def _put(C, off, acc, n, first, plus0, nt):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """C.flat[off:off + min(n, 16)] = (+0 if first else C's values) + acc: one float32
-    add per output (the running sum over the k-ranges), then + 0 when ``plus0`` (Col2im's
-    add into a zeroed dx: -0 becomes +0); nothing when n <= 0. ``nt``: a whole vector
-    is stored past the caches (C.flat[off] on a 64-byte line)."""
+    """C.flat[off:off + min(n, 16)] = acc if first, else C's values + acc: one float32
+    add per output after the first k-range (the running sum over the k-ranges; the
+    first is stored as it is, so a chain flushed to -0 stays -0, as in TF), then + 0
+    when ``plus0`` (Col2im's add into a zeroed dx: -0 becomes +0); nothing when n <= 0.
+    ``nt``: a whole vector is stored past the caches (C.flat[off] on a 64-byte line)."""
     if n >= 16:
-        c = vadd(vzeros(C) if first else vload(C, off), acc)
+        c = acc if first else vadd(vload(C, off), acc)
         if nt:
             vstore_nt(C, off, vadd(c, vzeros(C)) if plus0 else c)
         else:
             vstore(C, off, vadd(c, vzeros(C)) if plus0 else c)
     elif n > 0:
-        c = vadd(vzeros(C) if first else vload_part(C, off, n), acc)
+        c = acc if first else vadd(vload_part(C, off, n), acc)
         vstore_part(C, off, vadd(c, vzeros(C)) if plus0 else c, n)
 
 
@@ -256,7 +257,7 @@ def _put8(C, off, acc, n, first, plus0):  # type: ignore[no-untyped-def]  # prag
     """_put for eight lanes."""
     if n > 0:
         m = min(n, 8)
-        c = vadd(vzeros8() if first else vload8_part(C, off, m), acc)
+        c = acc if first else vadd(vload8_part(C, off, m), acc)
         vstore8_part(C, off, vadd(c, vzeros8()) if plus0 else c, m)
 
 
@@ -264,7 +265,7 @@ def _put8(C, off, acc, n, first, plus0):  # type: ignore[no-untyped-def]  # prag
 def _tile(A, B, Nb, i, i1, i2, i3, j, k0, k1, C, cb, N, M, first, plus0, nt, W):  # type: ignore[no-untyped-def]  # pragma: no cover  # noqa: E501
     """One tile: rows i..i+3 (i1..i3 clamped to M - 1), columns j..j+W of B (W one of
     32, 24, 16, 8: a compile-time constant at each call), one FMA chain from +0 per
-    output over k in [k0, k1), added to C's running sums (from +0 when ``first``);
+    output over k in [k0, k1), added to C's running sums (stored when ``first``);
     stores only inside C [M, N] (at C.flat[cb:])."""
     z = vzeros(B)
     a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = z
@@ -336,7 +337,7 @@ def _contract(A, B, Nb, N, ranges, shard_ptr, plus0, stream, C):  # type: ignore
     """C [S, M, N] (flat) = each K-shard's sums of A[M, K] (any strides) x B (flat,
     [K, Nb], Nb % 8 == 0, zeros past column N): shard s's k-ranges are
     ``ranges[shard_ptr[s]:shard_ptr[s + 1]]``, one FMA chain from +0 per output over
-    each, the chains added in order to +0; then + 0 when ``plus0`` (TF's Col2im of a
+    each, the first stored, the others added in order; then + 0 when ``plus0`` (TF's Col2im of a
     1x1, stride-1 Conv2DBackpropInput: a zeroed dx plus the contraction). ``stream``:
     the final sums are written with non-temporal stores (C on a 64-byte line, N % 16 == 0).
 

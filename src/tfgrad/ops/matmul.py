@@ -62,13 +62,14 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _chains(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...]
             ) -> np.ndarray:
     """Per output one FMA chain from +0 over each k-range (oneDNN's accumulators), the
-    chains added in order to +0 (Eigen zero-fills C, then every block adds: beta 1)."""
+    first chain stored as it is and the others added in order (a chain whose products
+    all underflow is a flushed -0, which TF keeps)."""
     c = np.zeros((A.shape[0], B.shape[1]), F32)
-    for s, e in ranges:
+    for i, (s, e) in enumerate(ranges):
         acc = np.zeros_like(c)
         for kk in range(s, e):
             acc = fma(A[:, kk:kk + 1], B[kk:kk + 1, :], acc)
-        c = add(c, acc)
+        c = acc if i == 0 else add(c, acc)
     return c
 
 
