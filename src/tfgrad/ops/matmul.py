@@ -202,7 +202,7 @@ def _sequential_dot(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def reference_core(a: np.ndarray, b: np.ndarray, ta: bool, tb: bool) -> np.ndarray:
     """Eigen Core's ``x * y`` (min(M, K, N) == 1), no FMA; a, b as given (row-major).
-    Where TF sums into a zeroed output (every product untransposed; every GEMV and inner
+    Where TF sums into a zeroed output (neither operand transposed; every GEMV and inner
     product, K + M + N >= 20) a -0 comes out +0 (``0 + r``, measured on TF)."""
     A = a.T if ta else a
     B = b.T if tb else b
