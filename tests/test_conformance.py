@@ -174,21 +174,28 @@ def _floats(kwargs: dict) -> list[str]:
 @pytest.mark.live
 @pytest.mark.parametrize("case", [c for c in CASES if c.live and _floats(c.kwargs(c.seed()))],
                          ids=lambda c: c.id)
-def test_live_signed_zeros(case):
+def test_live_signed_zeros_and_underflow(case):
     """The case's float inputs replaced by zeros of their values' signs, each alone and
     then all at once: sums and products of zeros, whose sign follows where TF's sums
     start (a MatMul GEMV adds into a zeroed output, a lazy product keeps -0:
-    docs/matmul.md). TF's bits, kernel and reference."""
+    docs/matmul.md); then all of them scaled by 2**-66 (float64 2**-530), so that their
+    products underflow and FTZ flushes them to zeros of their signs (a contraction's
+    first chain stored as it is, an average's padding not added). TF's bits, kernel and
+    reference."""
     seed = np.random.SeedSequence().entropy % 2**32
     kwargs = case.kwargs(seed)
     names = _floats(kwargs)
     if _family(case) in oracle.UNMODELLED and (processor_dependent(case, kwargs)
                                                  or _family(case) == "conv2d"):
         pytest.skip(oracle.UNMODELLED_WHY)
-    for zeroed in [[k] for k in names] + ([names] if len(names) > 1 else []):
+    for zeroed in [[k] for k in names] + ([names] if len(names) > 1 else []) + [None]:
         kw = dict(kwargs)
-        for k in zeroed:
-            kw[k] = np.copysign(np.zeros_like(kwargs[k]), kwargs[k])
+        for k in zeroed or names:
+            v = kwargs[k]
+            with np.errstate(all="ignore"):  # (NaN and inf inputs stay as they are)
+                kw[k] = (np.copysign(np.zeros_like(v), v) if zeroed else
+                         (v.astype(np.float64) * (2.0**-530 if v.dtype == np.float64
+                                                  else 2.0**-66)).astype(v.dtype))
         try:
             expected = oracle.expected(case, kw)
         except Exception as e:  # (TF refuses them: FractionalMaxPoolGrad's orig_output
@@ -199,7 +206,8 @@ def test_live_signed_zeros(case):
             continue
         for impl in ("kernel", "reference"):
             oracle.assert_outputs(case.op, _run(case.op, kw, impl), expected, case.ulps,
-                                  what=f"[{', '.join(zeroed)} zeros, {impl}, seed {seed}]")
+                                  what=f"[{', '.join(zeroed) + ' zeros' if zeroed else 'tiny'},"
+                                  f" {impl}, seed {seed}]")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
