@@ -166,6 +166,12 @@ def test_live(case):
     oracle.assert_outputs(case.op, got, expected, case.ulps, what=f"[seed {seed}]")
 
 
+def _tiny(v: np.ndarray) -> np.ndarray:
+    """``v`` scaled so that products of two of its values underflow."""
+    return (v.astype(np.float64) * (2.0**-530 if v.dtype == np.float64 else 2.0**-66)
+            ).astype(v.dtype)
+
+
 def _floats(kwargs: dict) -> list[str]:
     return [k for k, v in kwargs.items() if isinstance(v, np.ndarray) and v.size
             and (v.dtype.kind == "f" or v.dtype.name == "bfloat16")]
@@ -188,14 +194,13 @@ def test_live_signed_zeros_and_underflow(case):
     if _family(case) in oracle.UNMODELLED and (processor_dependent(case, kwargs)
                                                  or _family(case) == "conv2d"):
         pytest.skip(oracle.UNMODELLED_WHY)
-    for zeroed in [[k] for k in names] + ([names] if len(names) > 1 else []) + [None]:
-        kw = dict(kwargs)
-        for k in zeroed or names:
-            v = kwargs[k]
-            with np.errstate(all="ignore"):  # (NaN and inf inputs stay as they are)
-                kw[k] = (np.copysign(np.zeros_like(v), v) if zeroed else
-                         (v.astype(np.float64) * (2.0**-530 if v.dtype == np.float64
-                                                  else 2.0**-66)).astype(v.dtype))
+    variants = [(f"{', '.join(group)} zeros",
+                 {**kwargs, **{k: np.copysign(np.zeros_like(kwargs[k]), kwargs[k])
+                               for k in group}})
+                for group in [[k] for k in names] + ([names] if len(names) > 1 else [])]
+    with np.errstate(all="ignore"):  # (NaN and inf inputs stay as they are)
+        variants.append(("tiny", {**kwargs, **{k: _tiny(kwargs[k]) for k in names}}))
+    for what, kw in variants:
         try:
             expected = oracle.expected(case, kw)
         except Exception as e:  # (TF refuses them: FractionalMaxPoolGrad's orig_output
@@ -206,8 +211,7 @@ def test_live_signed_zeros_and_underflow(case):
             continue
         for impl in ("kernel", "reference"):
             oracle.assert_outputs(case.op, _run(case.op, kw, impl), expected, case.ulps,
-                                  what=f"[{', '.join(zeroed) + ' zeros' if zeroed else 'tiny'},"
-                                  f" {impl}, seed {seed}]")
+                                  what=f"[{what}, {impl}, seed {seed}]")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -204,6 +204,15 @@ def padded_shape(geo: Geometry) -> tuple[int, int, int, int]:
             max(geo.PL + geo.W, (geo.OW - 1) * geo.SW + geo.KW), geo.C)
 
 
+def inside(geo: Geometry) -> np.ndarray:
+    """[rows, cols] of the padded input: True on the input's own cells. Sums skip the
+    padding cells rather than add them as +0: under FTZ a window's sum can be -0 (a tiny
+    negative partial sum flushed), which a +0 would turn into +0."""
+    m = np.zeros(padded_shape(geo)[1:3], bool)
+    m[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
+    return m
+
+
 def taps(geo: Geometry, dr: int, dc: int) -> tuple[slice, slice]:
     """The padded input's cells that window offset (dr, dc) reads, for every output."""
     return (slice(dr, dr + (geo.OH - 1) * geo.SH + 1, geo.SH),
@@ -252,19 +261,17 @@ def coefficients(geo: Geometry, dt: np.dtype) -> np.ndarray:
 
 
 def forward_reference(x: np.ndarray, geo: Geometry) -> np.ndarray:
-    """Each output's window's cells added in row-major order from +0, then divided by
-    the count. Padding cells are skipped, not added as +0: under FTZ a sum from +0 can be
-    -0 (a tiny negative partial sum flushed), which a +0 would turn into +0."""
+    """Each output's window's cells added in row-major order from +0 (padding cells
+    skipped: :func:`inside`), then divided by the count."""
     dt = x.dtype
     xp = np.zeros(padded_shape(geo), dt)
     xp[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = x
-    inside = np.zeros(padded_shape(geo)[1:3], bool)
-    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
+    real = inside(geo)
     acc = np.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     for dr in range(geo.KH):
         for dc in range(geo.KW):
             rs, cs = taps(geo, dr, dc)
-            acc = np.where(inside[rs, cs][None, :, :, None],
+            acc = np.where(real[rs, cs][None, :, :, None],
                            _op(np.add, acc, xp[:, rs, cs], dt), acc)
     return _op(np.divide, acc, counts(geo, dt)[None, :, :, None], dt)
 

@@ -131,34 +131,6 @@ def _colmajor_gemv(A: np.ndarray, x: np.ndarray, stride: int) -> np.ndarray:
     return y
 
 
-def _redux_dot(u: np.ndarray, v: np.ndarray) -> np.float32:
-    """Eigen's vectorised redux of u*v (both contiguous): two packet accumulators over
-    pairs of packets, p0 + p1, a last whole packet, predux, then the tail in order."""
-    K = u.size
-    prod = mul(u, v)
-    n8 = K - K % PACKET
-    if n8 == 0:
-        r = prod[0]
-        for j in range(1, K):
-            r = add(r, prod[j])
-        return F32(r)
-    n16 = K - K % (2 * PACKET)
-    p0 = prod[0:8].copy()
-    if n8 > PACKET:
-        p1 = prod[8:16].copy()
-        for j in range(16, n16, 16):
-            p0 = add(p0, prod[j:j + 8])
-            p1 = add(p1, prod[j + 8:j + 16])
-        p0 = add(p0, p1)
-        if n8 > n16:
-            p0 = add(p0, prod[n16:n8])
-    q = add(p0[:4], p0[4:])
-    r = add(add(q[0], q[2]), add(q[1], q[3]))
-    for j in range(n8, K):
-        r = add(r, prod[j])
-    return F32(r)
-
-
 def _inner_dot(u: np.ndarray, v: np.ndarray) -> np.float32:
     """Eigen's inner product of u*v, both contiguous (``inner_product_impl``, the GEMV's
     1 x 1 fallback): the first four packets start four accumulators, each later group of
@@ -220,9 +192,10 @@ def _core(A: np.ndarray, B: np.ndarray, ta: bool, tb: bool) -> np.ndarray:
     if K + M + N < 20:
         # Lazy coefficient product: each output's products in k order (packets along a
         # contiguous output row and scalar coefficients alike), except a contiguous
-        # row x contiguous column, which Eigen's redux vectorises.
+        # row x contiguous column, which Eigen's redux vectorises (at most two packets
+        # here: the inner product's order).
         if not ta and tb:
-            return np.array([[_redux_dot(A[i], B[:, j]) for j in range(N)]
+            return np.array([[_inner_dot(A[i], B[:, j]) for j in range(N)]
                              for i in range(M)], F32).reshape(M, N)
         return _sequential_dot(A, B)
     if M == 1 and N == 1:

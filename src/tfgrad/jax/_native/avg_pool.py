@@ -69,13 +69,12 @@ def AvgPool(*, value: Array, ksize: tuple[int, ...], strides: tuple[int, ...],
         return jnp.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     xp = jnp.zeros(_ap.padded_shape(geo), dt)
     xp = xp.at[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W].set(_ftz(value))
-    inside = np.zeros(_ap.padded_shape(geo)[1:3], bool)
-    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
+    inside = _ap.inside(geo)
     acc = jnp.zeros((geo.N, geo.OH, geo.OW, geo.C), dt)
     for dr in range(geo.KH):
         for dc in range(geo.KW):
             rs, cs = _ap.taps(geo, dr, dc)
-            # (padding cells skipped: a flushed sum can be -0, which + 0 would change)
+            # (padding cells skipped: _ap.inside)
             acc = jnp.where(inside[rs, cs][None, :, :, None], _ftz(_add(acc, xp[:, rs, cs])),
                             acc)
     counts = jnp.asarray(_ap.counts(geo, dt))[None, :, :, None]

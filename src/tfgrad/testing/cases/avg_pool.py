@@ -117,7 +117,6 @@ for _op, _mk in ((FWD, _fwd), (GRAD, _grad)):
                                             0.02)))
 
 
-
 def _near_tiny(dtype: Any) -> Callable[[np.random.Generator], dict[str, Any]]:
     """Values of one or two times the smallest normal, either sign: window sums that
     cancel below it are flushed to a zero of their sign (FTZ), -0 kept through the

@@ -55,8 +55,7 @@ def AvgPool(*, value: torch.Tensor, ksize: tuple[int, ...], strides: tuple[int, 
         return value.new_zeros((geo.N, geo.OH, geo.OW, geo.C))
     xp = value.new_zeros(_ap.padded_shape(geo))
     xp[:, geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = _ftz(value)
-    inside = torch.zeros(_ap.padded_shape(geo)[1:3], dtype=torch.bool, device=value.device)
-    inside[geo.PT:geo.PT + geo.H, geo.PL:geo.PL + geo.W] = True
+    inside = torch.from_numpy(_ap.inside(geo)).to(value.device)
     acc = value.new_zeros((geo.N, geo.OH, geo.OW, geo.C))
     for dr in range(geo.KH):
         for dc in range(geo.KW):
