@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -247,6 +248,56 @@ def test_avx2_kernel_is_the_model(m, k, n):
     assert differs
 
 
+def _underflowing(rng, m, k, n, signs):
+    """A [m, k] x B [k, n] whose products all underflow (1e-25 * 1e-25) and flush to zeros
+    of their signs: A's values all negative, of mixed signs, or its first half of k
+    negative."""
+    a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
+    b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
+    if signs == "negative":
+        a = -a
+    elif signs == "mixed":
+        a *= np.where(rng.random(a.shape) < 0.5, F32(-1), F32(1))
+    else:  # the first k-ranges negative, the later ones positive
+        a[:, :k // 2] *= -1
+    return a, b
+
+
+@pytest.mark.live
+def test_avx2_kernel_live(tmp_path):
+    """The AVX2 model against TF's AVX2 kernel, on any processor with AVX2 and FMA: TF in
+    a subprocess with ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's own switch: on an AVX-512
+    processor it then runs its AVX2 kernel, the one an AVX2 processor runs), tfgrad under
+    ``use_onednn_isa("avx2")``. Edge tiles (1-3 row tiles, 8-wide columns) included, and
+    products that all underflow: TF stores an edge tile's first K pass as it is, so a
+    pass flushed to -0 stays -0 (tfgrad gave +0 in 20 of 135 such calls before)."""
+    from tfgrad._tf.cpuid import avx2
+
+    if oracle.tensorflow() is None or not avx2():
+        pytest.skip("needs TensorFlow on an x86-64 processor with AVX2 and FMA")
+    rng = np.random.default_rng(11)
+    calls = []
+    for m, k, n in [(44, 41, 40), (45, 40, 24), (7, 300, 9), (100, 33, 20), (201, 520, 47)]:
+        ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
+        a, b = operands(rng, m, k, n, ta, tb)
+        calls.append(dict(a=a, b=b, transpose_a=ta, transpose_b=tb))
+    for m, k, n in [(5, 1000, 3), (9, 400, 8), (3, 300, 5), (49, 300, 145)]:
+        for signs in ("negative", "mixed", "halves"):
+            a, b = _underflowing(rng, m, k, n, signs)
+            ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
+            calls.append(dict(a=np.ascontiguousarray(a.T) if ta else a,
+                              b=np.ascontiguousarray(b.T) if tb else b,
+                              transpose_a=ta, transpose_b=tb))
+    from tfgrad._config import tf_intra_op_threads
+
+    want = _tf_on_threads(tf_intra_op_threads(), calls, tmp_path,
+                          env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    with use_onednn_isa("avx2"):
+        for c, w in zip(calls, want):
+            got = both(c["a"], c["b"], c["transpose_a"], c["transpose_b"])
+            oracle.assert_same(got, w, what="vs TF's AVX2 kernel")
+
+
 _TF_THREADS = r"""
 import os, sys
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"; os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -267,10 +318,11 @@ np.savez(sys.argv[3], **out)
 """
 
 
-def _tf_on_threads(threads: int, calls: list[dict], folder) -> list[np.ndarray]:
+def _tf_on_threads(threads: int, calls: list[dict], folder, env: dict | None = None
+                   ) -> list[np.ndarray]:
     """TF's outputs of ``calls`` (MatMul kwargs, or Conv2DBackpropFilter's with
     ``filter_sizes``) on ``threads`` intra-op threads: a subprocess, as TF sizes its
-    pool once."""
+    pool once (and oneDNN reads ``env``'s ``ONEDNN_MAX_CPU_ISA`` once)."""
     arrays: dict[str, np.ndarray] = {"n": np.array(len(calls))}
     for i, c in enumerate(calls):
         if "filter_sizes" in c:
@@ -282,7 +334,8 @@ def _tf_on_threads(threads: int, calls: list[dict], folder) -> list[np.ndarray]:
     src, dst = folder / f"in{threads}.npz", folder / f"out{threads}.npz"
     np.savez(src, **arrays)
     res = subprocess.run([sys.executable, "-c", _TF_THREADS, str(threads), str(src), str(dst)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300,
+                         env=None if env is None else {**os.environ, **env})
     assert res.returncode == 0, res.stderr[-2000:]
     out = np.load(dst)
     return [out[f"o{i}"] for i in range(len(calls))]
@@ -370,19 +423,11 @@ def test_vector_products(m, k, n, ta, tb):
 def test_underflowing_chains_keep_their_sign(m, k, n, signs):
     """Products below the smallest normal (1e-25 * 1e-25) flush to zeros of their sign
     (FTZ): a chain of them is -0 when they are negative, and TF stores the first k-range's
-    chain as it is (+0 + -0 would be +0) and adds the later ones: TF's bits. (Measured on
-    oneDNN's AVX-512 kernel; the AVX2 model's two-accumulator edge tiles are unmeasured.)"""
+    chain as it is (+0 + -0 would be +0) and adds the later ones: TF's bits. (oneDNN's
+    AVX-512 kernel live; its AVX2 kernel's edge tiles: test_avx2_kernel_live.)"""
     if oracle.tensorflow() is None or onednn_isa() != "avx512_core":
         pytest.skip("needs TensorFlow on an AVX-512 processor (oneDNN's avx512_core kernel)")
-    rng = np.random.default_rng(m * k + n)
-    a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
-    b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
-    if signs == "negative":
-        a = -a
-    elif signs == "mixed":
-        a *= np.where(rng.random(a.shape) < 0.5, F32(-1), F32(1))
-    else:  # the first k-ranges negative, the later ones positive
-        a[:, :k // 2] *= -1
+    a, b = _underflowing(np.random.default_rng(m * k + n), m, k, n, signs)
     got = both(a, b)
     assert np.signbit(got).any() or signs != "negative"
     check_tf(got, a=a, b=b, transpose_a=False, transpose_b=False)

@@ -159,10 +159,12 @@ def _pieces(total: int, block: int, b: int, over: int) -> list[tuple[int, int]]:
 def two_sets(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
              fused: np.ndarray) -> np.ndarray:
     """The AVX2 kernel's edge-tile sum of A [R, K] x B [K, C] over ``ranges`` (its K
-    passes, from zero, each added to the running result): per pass two accumulators from
-    +0, one over the even, one over the odd steps of the pass's whole pairs, added; an
-    odd pass's last step into their sum. A step is an FMA where ``fused`` [R] (tiles of 3
-    rows or more), else a product then a sum (1 and 2 rows: ``useFma = false``)."""
+    passes: the first pass's sum stored as it is, each later one added to the running
+    result, so that a first pass flushed to -0 stays -0, as TF gives it): per pass two
+    accumulators from +0, one over the even, one over the odd steps of the pass's whole
+    pairs, added; an odd pass's last step into their sum. A step is an FMA where
+    ``fused`` [R] (tiles of 3 rows or more), else a product then a sum (1 and 2 rows:
+    ``useFma = false``)."""
     f = fused[:, None]
 
     def step(acc: np.ndarray, k: int) -> np.ndarray:
@@ -170,7 +172,7 @@ def two_sets(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
         return np.where(f, fma(a, b, acc), add(acc, mul(a, b)))
 
     c = np.zeros((A.shape[0], B.shape[1]), F32)
-    for s, e in ranges:
+    for p, (s, e) in enumerate(ranges):
         even = np.zeros_like(c)
         odd = np.zeros_like(c)
         for k in range(s, e - (e - s) % 2, 2):
@@ -179,7 +181,7 @@ def two_sets(A: np.ndarray, B: np.ndarray, ranges: tuple[tuple[int, int], ...],
         acc = add(even, odd)
         if (e - s) % 2:
             acc = step(acc, e - 1)
-        c = add(c, acc)
+        c = acc if p == 0 else add(c, acc)
     return c
 
 

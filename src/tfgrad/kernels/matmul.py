@@ -509,7 +509,8 @@ def _two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untype
     run (lo, hi) of ``runs`` [R, 2]: the AVX2 kernel's edge-tile sum of A [M, K] (any
     strides) x B (flat, [K, Nb], zeros past N) over ``ranges`` [P, 2], each pass two
     accumulators from +0 over its even and odd steps, added, the odd last step into
-    their sum, the pass's result added to the running one; a step an FMA where fused,
+    their sum, the first pass's result stored as it is (a -0 kept), each later one added
+    to the running one; a step an FMA where fused,
     else a product then a sum. Eight columns at a time in vector lanes, two rows at once
     (four independent chains; each output's order oneDNN's)."""
     R = rows.shape[0]
@@ -545,8 +546,12 @@ def _two_sets(A, B, Nb, ranges, rows, fused, runs, C):  # type: ignore[no-untype
                         b0 = _b8(B, (e - 1) * Nb + j0, n)
                         ev0 = _step(ev0, A[r0, e - 1], b0, f0)
                         ev1 = _step(ev1, A[r1, e - 1], b0, f1)
-                    c0 = vadd(c0, ev0)
-                    c1 = vadd(c1, ev1)
+                    if p == 0:
+                        c0 = ev0
+                        c1 = ev1
+                    else:
+                        c0 = vadd(c0, ev0)
+                        c1 = vadd(c1, ev1)
                 vstore8_part(C, r0 * C.shape[1] + j0, c0, n)
                 vstore8_part(C, r1 * C.shape[1] + j0, c1, n)
         ftz_exit(fz)
