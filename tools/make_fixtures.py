@@ -14,7 +14,11 @@ processor's signature (``fixture_store.signature``), next to those recorded on p
 with other signatures, which are kept for every case whose inputs are unchanged
 (tests/fixture_store.py); tests/fixtures/processor.json names the processor of each
 signature. Run on an Intel and an AMD processor (an AVX-512 and an AVX2 one), the
-fixtures hold both.
+fixtures hold both. On an AVX-512 processor, oneDNN's AVX2 kernel's set (MatMul's and
+Conv2D's contraction sums) comes from a second run with oneDNN held to AVX2 and tfgrad
+modelling it::
+
+    ONEDNN_MAX_CPU_ISA=AVX2 TFGRAD_ONEDNN_ISA=avx2 python tools/make_fixtures.py matmul conv2d
 """
 
 from __future__ import annotations

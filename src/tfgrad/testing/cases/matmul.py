@@ -114,6 +114,27 @@ CASES += [Case(OP, f"negzero_{m}x{k}x{n}_ta{int(ta)}_tb{int(tb)}", _negzero(m, k
           for ta, tb in _ALL]
 
 
+def _underflow(m: int, k: int, n: int, signs: str
+               ) -> Callable[[np.random.Generator], dict[str, Any]]:
+    """Every product below the smallest normal (1e-25 * 1e-25: flushed to a zero of its
+    sign), A's values negative or of mixed signs: chains flushed to -0, which TF stores
+    as they are for the first K pass, in the AVX2 kernel's edge tiles too."""
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
+        b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
+        a *= F32(-1) if signs == "negative" else np.where(rng.random(a.shape) < 0.5,
+                                                           F32(-1), F32(1))
+        return dict(a=a, b=b)
+    return make
+
+
+# (flushed chains: 1-3-row and 8-wide edge tiles on oneDNN's AVX2 kernel, and its 6-row
+# tiles; on AVX-512 the smalln kernel and the 16-wide ones)
+CASES += [Case(OP, f"underflow_{m}x{k}x{n}_{signs}", _underflow(m, k, n, signs))
+          for m, k, n in ((5, 1000, 3), (9, 400, 8), (49, 300, 45))
+          for signs in ("negative", "mixed")]
+
+
 def processor_dependent(case: Case, kwargs: dict[str, Any]) -> set[str]:
     """The contraction's outputs (min(M, K, N) > 1): their order follows TF's intra-op
     thread count, the L1 size Eigen reads and oneDNN's instruction set. Eigen Core's
