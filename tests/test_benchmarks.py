@@ -219,3 +219,24 @@ def test_qat_step_interleaved_smoke(tmp_path):
     assert rows["tfmot in TF (Eigen)"]["ratio"] == 1.0
     assert all(v["median_ms"] > 0 and v["ratio_min"] <= v["ratio"] <= v["ratio_max"]
                for v in rows.values())
+
+
+def test_qat_step_ops_smoke(tmp_path):
+    """benchmarks/qat_step_ops.py: TF-Eigen's step op by op from TF's profiler, and
+    tfgrad.torch.qat's raw-op calls timed, in one process: the same ops found on both
+    sides, every figure positive."""
+    import pytest
+
+    pytest.importorskip("tensorflow_model_optimization")
+    pytest.importorskip("torch")
+    out = tmp_path / "ops.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/qat_step_ops.py"), "--smoke",
+                        "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["tf_step_ms"] > 0 and res["tfgrad_step_ms"] > 0 and res["tf_busy_ms"] > 0
+    # (Conv2D too, but TF's grappler fuses some with their BiasAdd: _FusedConv2D)
+    for op in ("FusedBatchNormV3", "FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsGradient"):
+        assert res["tf_ops"][op][0] > 0 and res["tfgrad_ops"][op][0] > 0, op
+        assert res["tf_ops"][op][1] == res["tfgrad_ops"][op][1] >= 1, op  # (calls a step)
+    assert "TF-Eigen step" in r.stdout and "outside tfgrad's ops" in r.stdout
