@@ -222,13 +222,19 @@ def jax_rows(path: str, batch: int, warm: int, n: int) -> dict[str, dict]:
             for impl, label, one in runs}
 
 
+def build(model: str) -> str:
+    """tfmot's ``quantize_model`` of the tfgrad.testing.qat model ``model``, saved (.h5) in
+    a new folder by a process of its own (TF's Eigen kernels); the file's path."""
+    path = os.path.join(tempfile.mkdtemp(prefix="tfgrad-qat-bench-"), f"{model}_qat.h5")
+    subprocess.run([sys.executable, __file__, "--build", path, "--model", model], check=True,
+                   env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+    return path
+
+
 def measure(smoke: bool = False, batch: int = 32, model: str = "mobilenet_v2"
             ) -> dict[str, dict]:
     warm, n = (1, 2) if smoke else (3, 15)
-    folder = tempfile.mkdtemp(prefix="tfgrad-qat-bench-")
-    path = os.path.join(folder, f"{model}_qat.h5")
-    subprocess.run([sys.executable, __file__, "--build", path, "--model", model], check=True,
-                   env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+    path = build(model)
     rows: dict[str, dict] = {}
     for label, flag in (("tfmot in TF (Eigen)", "0"), ("tfmot in TF (oneDNN, default)", "1")):
         out = subprocess.run([sys.executable, __file__, "--tf", path, "--batch", str(batch),
@@ -295,9 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = args.model or ("cnn" if args.smoke else "mobilenet_v2")
     if args.interleave:
-        path = os.path.join(tempfile.mkdtemp(prefix="tfgrad-qat-bench-"), f"{model}_qat.h5")
-        subprocess.run([sys.executable, __file__, "--build", path, "--model", model],
-                       check=True, env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+        path = build(model)
         warm, n = (1, 2) if args.smoke else (3, 15)
         names = list(SERVED)[:2] if args.smoke else list(SERVED)
         rows = interleaved(path, args.batch, warm, n, max(1, args.rounds), names)

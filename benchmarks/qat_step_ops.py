@@ -24,7 +24,6 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -205,16 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"  # (before TF's import: its Eigen kernels)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    model = args.model or ("cnn" if args.smoke else "mobilenet_v2")
+    import qat_step
+
     rounds, steps = (1, 2) if args.smoke else (args.rounds, args.steps)
-    path = os.path.join(tempfile.mkdtemp(prefix="tfgrad-qat-ops-"), f"{model}_qat.h5")
-    subprocess.run([sys.executable, str(Path(__file__).with_name("qat_step.py")), "--build",
-                    path, "--model", model], check=True, env=dict(os.environ))
-    res = measure(path, args.batch, rounds, steps)
+    res = measure(qat_step.build(args.model or ("cnn" if args.smoke else "mobilenet_v2")),
+                  args.batch, rounds, steps)
     report(res)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
 
 
