@@ -31,7 +31,7 @@ from tfgrad._tf import contraction, onednn
 from tfgrad._tf.cpuid import modelled, onednn_isa, use_onednn_isa
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
-from tfgrad.testing.cases.matmul import spread
+from tfgrad.testing.cases.matmul import spread, underflowing
 
 F32 = np.float32
 
@@ -248,21 +248,6 @@ def test_avx2_kernel_is_the_model(m, k, n):
     assert differs
 
 
-def _underflowing(rng, m, k, n, signs):
-    """A [m, k] x B [k, n] whose products all underflow (1e-25 * 1e-25) and flush to zeros
-    of their signs: A's values all negative, of mixed signs, or its first half of k
-    negative."""
-    a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
-    b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
-    if signs == "negative":
-        a = -a
-    elif signs == "mixed":
-        a *= np.where(rng.random(a.shape) < 0.5, F32(-1), F32(1))
-    else:  # the first k-ranges negative, the later ones positive
-        a[:, :k // 2] *= -1
-    return a, b
-
-
 @pytest.mark.live
 def test_avx2_kernel_live(tmp_path):
     """The AVX2 model against TF's AVX2 kernel, on any processor with AVX2 and FMA: TF in
@@ -283,7 +268,7 @@ def test_avx2_kernel_live(tmp_path):
         calls.append(dict(a=a, b=b, transpose_a=ta, transpose_b=tb))
     for m, k, n in [(5, 1000, 3), (9, 400, 8), (3, 300, 5), (49, 300, 145)]:
         for signs in ("negative", "mixed", "halves"):
-            a, b = _underflowing(rng, m, k, n, signs)
+            a, b = underflowing(rng, m, k, n, signs)
             ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
             calls.append(dict(a=np.ascontiguousarray(a.T) if ta else a,
                               b=np.ascontiguousarray(b.T) if tb else b,
@@ -427,7 +412,7 @@ def test_underflowing_chains_keep_their_sign(m, k, n, signs):
     AVX-512 kernel live; its AVX2 kernel's edge tiles: test_avx2_kernel_live.)"""
     if oracle.tensorflow() is None or onednn_isa() != "avx512_core":
         pytest.skip("needs TensorFlow on an AVX-512 processor (oneDNN's avx512_core kernel)")
-    a, b = _underflowing(np.random.default_rng(m * k + n), m, k, n, signs)
+    a, b = underflowing(np.random.default_rng(m * k + n), m, k, n, signs)
     got = both(a, b)
     assert np.signbit(got).any() or signs != "negative"
     check_tf(got, a=a, b=b, transpose_a=False, transpose_b=False)

@@ -114,16 +114,28 @@ CASES += [Case(OP, f"negzero_{m}x{k}x{n}_ta{int(ta)}_tb{int(tb)}", _negzero(m, k
           for ta, tb in _ALL]
 
 
+def underflowing(rng: np.random.Generator, m: int, k: int, n: int, signs: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A [m, k], B [k, n] whose products all fall below the smallest normal (1e-25 *
+    1e-25: flushed to zeros of their signs), A's values all negative ("negative"), of
+    mixed signs ("mixed"), or negative in its first half of k ("halves"): chains flushed
+    to -0, which TF stores as they are for the first K pass, in the AVX2 kernel's edge
+    tiles too."""
+    a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
+    b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
+    if signs == "negative":
+        a = -a
+    elif signs == "mixed":
+        a *= np.where(rng.random(a.shape) < 0.5, F32(-1), F32(1))
+    else:
+        a[:, :k // 2] *= -1
+    return a, b
+
+
 def _underflow(m: int, k: int, n: int, signs: str
                ) -> Callable[[np.random.Generator], dict[str, Any]]:
-    """Every product below the smallest normal (1e-25 * 1e-25: flushed to a zero of its
-    sign), A's values negative or of mixed signs: chains flushed to -0, which TF stores
-    as they are for the first K pass, in the AVX2 kernel's edge tiles too."""
     def make(rng: np.random.Generator) -> dict[str, Any]:
-        a = (np.abs(rng.standard_normal((m, k))) * 1e-25).astype(F32)
-        b = (np.abs(rng.standard_normal((k, n))) * 1e-25).astype(F32)
-        a *= F32(-1) if signs == "negative" else np.where(rng.random(a.shape) < 0.5,
-                                                           F32(-1), F32(1))
+        a, b = underflowing(rng, m, k, n, signs)
         return dict(a=a, b=b)
     return make
 
