@@ -70,15 +70,6 @@ def _tf_ops(logdir: str, steps: int) -> tuple[dict[str, list[float]], float]:
     return dict(ops), busy / 1e9 / steps
 
 
-def _wall(step: Callable[[], object], n: int) -> float:
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
-
-
 def measure(path: str, batch: int, rounds: int, steps: int) -> dict:
     import tensorflow as tf
     import torch
@@ -121,7 +112,7 @@ def measure(path: str, batch: int, rounds: int, steps: int) -> dict:
 
     per_round = []
     for _ in range(rounds):
-        tf_wall = _wall(tf_step, steps)
+        tf_wall = qat_step._times(tf_step, 0, steps)["median_ms"]
         logdir = tempfile.mkdtemp(prefix="tfgrad-qat-ops-")
         tf.profiler.experimental.start(logdir)
         try:
@@ -130,7 +121,7 @@ def measure(path: str, batch: int, rounds: int, steps: int) -> dict:
         finally:
             tf.profiler.experimental.stop()
         tf_ops, tf_busy = _tf_ops(logdir, steps)
-        tg_wall = _wall(tg_step, steps)
+        tg_wall = qat_step._times(tg_step, 0, steps)["median_ms"]
         timed.clear()
         # (the fused program calls its ops through run_rest, the layers through run)
         _api.run, _api.run_rest = timed_run, timed_rest

@@ -26,9 +26,10 @@ import tfgrad
 from tests import oracle
 from tfgrad import raw_ops
 from tfgrad._compile import jit
+from tfgrad._config import tf_intra_op_threads
 from tfgrad._gradients import steps
 from tfgrad._tf import contraction, onednn
-from tfgrad._tf.cpuid import modelled, onednn_isa, use_onednn_isa
+from tfgrad._tf.cpuid import avx2, modelled, onednn_isa, use_onednn_isa
 from tfgrad._tf.fpenv import flush_denormals
 from tfgrad.kernels import matmul as km
 from tfgrad.testing.cases.matmul import spread, underflowing
@@ -256,8 +257,6 @@ def test_avx2_kernel_live(tmp_path):
     ``use_onednn_isa("avx2")``. Edge tiles (1-3 row tiles, 8-wide columns) included, and
     products that all underflow: TF stores an edge tile's first K pass as it is, so a
     pass flushed to -0 stays -0 (tfgrad gave +0 in 20 of 135 such calls before)."""
-    from tfgrad._tf.cpuid import avx2
-
     if oracle.tensorflow() is None or not avx2():
         pytest.skip("needs TensorFlow on an x86-64 processor with AVX2 and FMA")
     rng = np.random.default_rng(11)
@@ -273,8 +272,6 @@ def test_avx2_kernel_live(tmp_path):
             calls.append(dict(a=np.ascontiguousarray(a.T) if ta else a,
                               b=np.ascontiguousarray(b.T) if tb else b,
                               transpose_a=ta, transpose_b=tb))
-    from tfgrad._config import tf_intra_op_threads
-
     want = _tf_on_threads(tf_intra_op_threads(), calls, tmp_path,
                           env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
     with use_onednn_isa("avx2"):
