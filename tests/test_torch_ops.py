@@ -228,6 +228,30 @@ def test_compile_fullgraph_gives_eager_bits():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_compile_per_channel_layer_gives_eager_bits(memory_format):
+    # Compiled, the NCHW layer runs the op on a 3-D [N, H*W, C] view (Inductor lays out
+    # 4-D tensors near convolutions as if dim 1 held channels): the same rows, the same bits
+    def make():
+        torch.manual_seed(0)
+        fq = tt.FakeQuantPerChannel(5, init_min=-1.5, init_max=2.0)
+        return torch.nn.Sequential(torch.nn.ReLU6(), fq)
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 5, 6, 7, generator=g) * 3).to(memory_format=memory_format)
+    out_g = torch.randn(3, 5, 6, 7, generator=g)
+    results = []
+    for model in (make(), torch.compile(make(), fullgraph=True)):
+        xi = x.clone(memory_format=torch.preserve_format).requires_grad_()
+        y = model(xi)
+        params = list(model.parameters())
+        grads = torch.autograd.grad(y, [xi, *params], out_g)
+        results.append([y.detach(), *grads])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
 def test_compile_example_model_without_graph_breaks():
     import sys
 

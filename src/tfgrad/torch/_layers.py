@@ -105,7 +105,8 @@ class FakeQuantPerChannel(_Float32Parameters):
     TF's op quantizes the last dim: the layer moves the channel there and back, which
     changes no bit (views: eager, the kernels run on the input's memory as it is). The
     output has the input's memory format (a contiguous input gives a contiguous output, a
-    channels-last one a channels-last output).
+    channels-last one a channels-last output); under ``torch.compile`` a 4-D NCHW output is
+    channels-last (as Inductor lays out tensors near convolutions; the same values).
     """
 
     def __init__(self, num_channels: int, num_bits: int = 8, narrow_range: bool = False,
@@ -137,6 +138,17 @@ class FakeQuantPerChannel(_Float32Parameters):
     def _quantize(self, x: torch.Tensor) -> torch.Tensor:
         dim = self._channel_dim(x)
         last = dim == x.dim() - 1
+        if dim == 1 and x.dim() == 4 and torch.compiler.is_compiling():
+            # (Inductor's layout optimisation gives every 4-D tensor near a convolution
+            # channels-last strides as if dim 1 held channels: an NHWC view would be laid
+            # out (N, W, C, H) and copied by scalar loops on both sides of the op. The
+            # channel moved last in 3-D instead: the same rows, the same bits; the output
+            # channels-last, which Inductor keeps near convolutions.)
+            n, c, h, w = x.shape
+            y = fake_quant_with_min_max_vars_per_channel(
+                x.reshape(n, c, h * w).transpose(1, 2), self.min, self.max,
+                self.num_bits, self.narrow_range)
+            return y.transpose(1, 2).reshape(n, c, h, w)
         y = fake_quant_with_min_max_vars_per_channel(x if last else x.movedim(dim, -1),
                                                      self.min, self.max, self.num_bits,
                                                      self.narrow_range)

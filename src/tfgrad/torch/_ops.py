@@ -292,8 +292,9 @@ def _kernel(op: OpDef, cpu: bool) -> Callable[..., Any]:
                 f"{op.name}: tfgrad's exact kernels run on CPU tensors only, got tensors on "
                 f"{device}; use tfgrad.torch.use_impl('auto') (the portable implementation "
                 "off the CPU) or move the inputs with .cpu()")
-        else:
-            outs = _portable(op, tensors, rest)
+        else:  # (contiguous, as the fake implementations declare: torch's ops may
+            # follow their inputs' strides, which a compiled graph leaves free)
+            outs = tuple(o.contiguous() for o in _portable(op, tensors, rest))
         outs = _fresh(outs, list(tensors.values()))
         return outs if len(outs) > 1 else outs[0]
 
@@ -627,7 +628,8 @@ def _autograd_cpu(defn: Any, cpu: Callable[..., Any]) -> Callable[..., Any]:
 
 def _register(op: OpDef) -> Any:
     defn = torch.library.custom_op(f"{NAMESPACE}::{op.snake_name}", _kernel(op, cpu=False),
-                                   mutates_args=(), schema=schema(op))
+                                   mutates_args=(), schema=schema(op),
+                                   tags=(torch.Tag.flexible_layout,))
     # (the CPU kernel registered directly, not through register_kernel: its wrappers, a
     # dynamo guard and an aliasing check that _fresh already makes, cost ~5 us a call)
     cpu = _kernel(op, cpu=True)
